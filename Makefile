@@ -1,0 +1,42 @@
+# Two commands for a new user: `make demo` and `make test`. Each creates .venv when missing.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test bench bench-quick fixtures stress lint typecheck clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+demo: install
+	$(BIN)/python -m agentrt.demo demo.db
+
+test: install
+	$(BIN)/python -m pytest -q
+
+stress: install
+	AGENTRT_STRESS=1 $(BIN)/python -m pytest -q -m slow
+
+bench: install
+	$(BIN)/python -m bench
+
+bench-quick: install
+	$(BIN)/python -m bench --quick
+
+fixtures: install
+	$(BIN)/python -m fixtures.generate fixtures
+
+lint: install
+	$(BIN)/ruff check agentrt agentrt_export agentrt_otel tests bench fixtures
+
+typecheck: install
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info demo.db*

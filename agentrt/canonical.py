@@ -1,0 +1,266 @@
+"""Canonical JSON, the boundary check for consumer JSON, and content hashes.
+
+Hashes must not depend on how a value was spelled: the canonical form sorts
+object keys by UTF-8 bytes, drops whitespace, keeps number literals exactly as
+written and escapes strings as Go does. ``check_json`` refuses, where consumer
+JSON enters the runtime, anything the canonical form would hash lossily.
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import json
+import re
+from typing import Any
+
+from agentrt.gojson import encode_string
+
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "canonical_json",
+    "canonical_text",
+    "check_json",
+    "content_hash",
+    "policy_json",
+]
+
+MAX_JSON_DEPTH = 256
+MAX_NUMBER_LENGTH = 10_000
+MAX_EXPONENT = 10_000
+
+
+def _per_byte_replace(err: UnicodeError) -> tuple[str, int]:
+    assert isinstance(err, UnicodeDecodeError)
+    return "\ufffd" * (err.end - err.start), err.end
+
+
+# Go replaces every byte of invalid UTF-8 with U+FFFD; Python's "replace" can
+# fold a cut-short sequence into one. This handler matches Go.
+codecs.register_error("agentrt-per-byte", _per_byte_replace)
+
+
+class _Number(str):
+    """A JSON number kept as the literal text it was written with."""
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _clean(s: str) -> str:
+    return _SURROGATE.sub("\ufffd", s) if _SURROGATE.search(s) else s
+
+
+def _encode_canonical(value: Any, out: list[str], html: bool) -> None:
+    if isinstance(value, _Number):
+        out.append(str.__str__(value))
+    elif isinstance(value, str):
+        out.append(encode_string(_clean(value), html))
+    elif isinstance(value, dict):
+        items = sorted((_clean(k), v) for k, v in value.items())
+        out.append("{")
+        for i, (k, v) in enumerate(items):
+            if i:
+                out.append(",")
+            out.append(encode_string(k, html))
+            out.append(":")
+            _encode_canonical(v, out, html)
+        out.append("}")
+    elif isinstance(value, list):
+        out.append("[")
+        for i, v in enumerate(value):
+            if i:
+                out.append(",")
+            _encode_canonical(v, out, html)
+        out.append("]")
+    elif value is None:
+        out.append("null")
+    elif value is True:
+        out.append("true")
+    elif value is False:
+        out.append("false")
+    else:  # pragma: no cover - the decoder yields nothing else
+        raise TypeError(type(value).__name__)
+
+
+def _raise_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+_DECODER = json.JSONDecoder(
+    parse_float=_Number, parse_int=_Number, parse_constant=_raise_constant
+)
+_WS = " \t\n\r"
+
+
+def _decode_first(data: bytes) -> tuple[bool, Any]:
+    """Decode the first JSON value (trailing data ignored); (False, None) if blank."""
+    text = data.decode("utf-8", "agentrt-per-byte").lstrip(_WS)
+    if not text:
+        return False, None
+    value, _ = _DECODER.raw_decode(text)
+    return True, value
+
+
+def _canonical(data: bytes, html: bool) -> bytes:
+    present, value = _decode_first(data)
+    if not present:
+        return b"null"
+    out: list[str] = []
+    _encode_canonical(value, out, html)
+    return "".join(out).encode("utf-8")
+
+
+def canonical_text(data: bytes) -> bytes:
+    """The canonical form without the boundary check (trailing data ignored).
+
+    Raises ValueError when the first value does not decode.
+    """
+    try:
+        return _canonical(data, html=True)
+    except RecursionError as exc:
+        raise ValueError("nested too deeply to decode") from exc
+
+
+def canonical_json(data: bytes) -> bytes:
+    """The canonical form of one JSON value; raises ValueError for unusable JSON.
+
+    Empty or whitespace-only input is ``null``.
+    """
+    if not data.strip(_WS.encode()):
+        return b"null"
+    problem = check_json(data)
+    if problem is not None:
+        raise ValueError(problem)
+    return _canonical(data, html=True)
+
+
+def policy_json(data: bytes) -> bytes:
+    """The canonical traversal with HTML escaping off: what a policy is handed.
+
+    Two inputs with equal canonical form have equal policy form. Hashes never
+    use it. Raises ValueError when the value does not decode.
+    """
+    try:
+        return _canonical(data, html=False)
+    except RecursionError as exc:
+        raise ValueError("nested too deeply to decode") from exc
+
+
+def content_hash(data: bytes) -> str:
+    """Hex sha256 of the canonical form, or of the raw bytes if they do not decode."""
+    try:
+        return hashlib.sha256(_canonical(data, html=True)).hexdigest()
+    except (ValueError, RecursionError):
+        return hashlib.sha256(data).hexdigest()
+
+
+# A string literal (possibly cut short by the end of input), or one bracket.
+_STRING_OR_BRACKET = re.compile(rb'"(?:[^"\\]|\\.|\\\Z)*(?:"|\Z)|[\[\]{}]', re.DOTALL)
+_OPEN = frozenset(b"[{")
+
+
+def _depth_exceeds(data: bytes, limit: int) -> bool:
+    if data.count(b"[") + data.count(b"{") <= limit:
+        return False
+    depth = 0
+    for m in _STRING_OR_BRACKET.finditer(data):
+        c = m.group()
+        if len(c) != 1:
+            continue
+        if c[0] in _OPEN:
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+_EXPONENT = re.compile(r"[eE]([+-]?)(\d+)\Z")
+
+
+def _number_problem(literal: str) -> str | None:
+    shown = literal if len(literal) <= 24 else literal[:24] + "..."
+    if len(literal) > MAX_NUMBER_LENGTH:
+        return f"number {literal[:24]}... is longer than {MAX_NUMBER_LENGTH} characters"
+    m = _EXPONENT.search(literal)
+    if m is not None:
+        digits = m.group(2).lstrip("0") or "0"
+        if len(digits) > 5 or int(digits) > MAX_EXPONENT:
+            return f"number {shown} has an exponent beyond ±{MAX_EXPONENT}"
+    return None
+
+
+class _Findings:
+    """What one strict decode noticed, reported afterwards in the fixed order."""
+
+    def __init__(self) -> None:
+        self.duplicate: str | None = None
+        self.number: str | None = None
+        self.surrogate: str | None = None
+
+    def pairs(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj: dict[str, Any] = {}
+        for k, v in pairs:
+            self.string(k)
+            if k in obj and self.duplicate is None:
+                self.duplicate = k
+            obj[k] = v
+        return obj
+
+    def string(self, s: str) -> None:
+        if self.surrogate is None:
+            m = _SURROGATE.search(s)
+            if m is not None:
+                self.surrogate = f"\\u{ord(m.group()):04x}"
+
+    def literal(self, text: str) -> str:
+        if self.number is None:
+            self.number = _number_problem(text)
+        return text
+
+
+def _walk_strings(value: Any, findings: _Findings) -> None:
+    if isinstance(value, str):
+        findings.string(value)
+    elif isinstance(value, list):
+        for v in value:
+            _walk_strings(v, findings)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _walk_strings(v, findings)
+
+
+def check_json(data: bytes) -> str | None:
+    """Why ``data`` is not usable consumer JSON, or None when it is.
+
+    In this order: nesting deeper than 256 levels, not UTF-8, not exactly one
+    well-formed value, an unpaired surrogate escape, a repeated object key, a
+    number literal too long or with too large an exponent.
+    """
+    if _depth_exceeds(data, MAX_JSON_DEPTH):
+        return f"nested deeper than {MAX_JSON_DEPTH} levels"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "not valid UTF-8"
+    findings = _Findings()
+    decoder = json.JSONDecoder(
+        object_pairs_hook=findings.pairs,
+        parse_float=findings.literal,
+        parse_int=findings.literal,
+        parse_constant=_raise_constant,
+    )
+    try:
+        value = decoder.decode(text)
+    except (ValueError, RecursionError):
+        return "not valid JSON"
+    _walk_strings(value, findings)
+    if findings.surrogate is not None:
+        return f"unpaired surrogate {findings.surrogate}"
+    if findings.duplicate is not None:
+        return f"duplicate key {encode_string(findings.duplicate, html=False)}"
+    if findings.number is not None:
+        return findings.number
+    return None

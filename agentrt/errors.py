@@ -1,0 +1,128 @@
+"""Errors raised by agentrt, all under one base class.
+
+Each class keeps the reference runtime's sentinel text as its base message so
+callers (and the operator command) can match on type and still show the same
+sentence the reference shows. Specific details are appended after ": ".
+"""
+
+from __future__ import annotations
+
+import stat
+from datetime import datetime
+
+__all__ = [
+    "AgentrtError",
+    "ApprovalChangedError",
+    "ApprovalExpiredError",
+    "ApprovalHashError",
+    "EncodeError",
+    "InsecureModeError",
+    "LeaseLostError",
+    "NotFoundError",
+    "NotPendingError",
+    "RunLeasedError",
+    "RunStateError",
+    "SchemaVersionError",
+    "SessionClosedError",
+    "SymlinkError",
+    "UnsafeSchemaError",
+]
+
+
+class AgentrtError(Exception):
+    """Base class of every error the runtime raises on purpose."""
+
+    base = "agentrt: error"
+
+    def __init__(self, detail: str = "") -> None:
+        self.detail = detail
+        super().__init__(f"{self.base}: {detail}" if detail else self.base)
+
+
+class NotFoundError(AgentrtError):
+    base = "agentrt: not found"
+
+
+class RunStateError(AgentrtError):
+    """A run or step is not in the state the operation requires."""
+
+    base = "agentrt: run is not in the required state"
+
+
+class RunLeasedError(RunStateError):
+    """Another driver (or this one) holds the run's lease."""
+
+    def __init__(self, run_id: str, owner: str, expires_at: datetime | None) -> None:
+        self.run_id = run_id
+        self.owner = owner
+        self.expires_at = expires_at
+        from agentrt.timefmt import format_time_nano
+
+        until = format_time_nano(expires_at) if expires_at is not None else "(no expiry)"
+        self.detail = f"run {run_id} is leased by {owner} until {until}"
+        Exception.__init__(self, f"agentrt: {self.detail}")
+
+
+class LeaseLostError(AgentrtError):
+    base = "agentrt: run lease lost"
+
+
+class NotPendingError(AgentrtError):
+    base = "agentrt: approval is not pending"
+
+
+class ApprovalExpiredError(NotPendingError):
+    """An approval expired; it is also a NotPendingError, as in the reference."""
+
+
+class ApprovalChangedError(AgentrtError):
+    base = "agentrt: approval is not the one that was shown"
+
+
+class ApprovalHashError(AgentrtError):
+    base = "agentrt: approval hash does not match its recorded request"
+
+
+class SchemaVersionError(AgentrtError):
+    base = "agentrt: database schema version does not match this build"
+
+    def __init__(self, detail: str = "", *, found: int = 0, known: int = 0) -> None:
+        self.found = found
+        self.known = known
+        super().__init__(detail)
+
+
+class UnsafeSchemaError(AgentrtError):
+    base = "agentrt: database holds a trigger or view"
+
+
+class SymlinkError(AgentrtError):
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.detail = f"database path is a symbolic link: {path}; name the database file itself"
+        Exception.__init__(self, f"agentrt: {self.detail}")
+
+
+class InsecureModeError(AgentrtError):
+    """A database or WAL file others could write, or a sidecar we cannot trust."""
+
+    def __init__(self, path: str, mode: int, reason: str) -> None:
+        self.path = path
+        self.mode = mode
+        self.reason = reason
+        self.detail = (
+            f"{path} is {stat.filemode(mode)}, {reason}; the runtime keeps its "
+            f"database readable and writable by its owner only: chmod 600 {path} and "
+            "chown it to the user that runs the runtime"
+        )
+        Exception.__init__(self, f"agentrt: {self.detail}")
+
+
+class SessionClosedError(AgentrtError):
+    base = "agentrt: session is closed"
+
+
+class EncodeError(AgentrtError):
+    """A value would not encode; the run is failed as internal_error."""
+
+    base = "agentrt: cannot encode"

@@ -1,0 +1,129 @@
+"""Time and duration text exactly as the reference stores and prints it.
+
+Stored times are UTC RFC 3339 with the fractional part trimmed of trailing
+zeros (so they do not sort as text; every listing orders by rowid or seq).
+The zero time is stored as "" and represented here as ``None``.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta, timezone
+
+__all__ = [
+    "ZERO_TIME",
+    "format_duration",
+    "format_time",
+    "format_time_nano",
+    "parse_time",
+    "to_unix_nanos",
+]
+
+#: What a stored time that does not parse reads as in page reads.
+ZERO_TIME = datetime(1, 1, 1, tzinfo=UTC)
+
+_RFC3339 = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?"
+    r"(?:([Zz])|([+-])(\d{2}):(\d{2}))\Z"
+)
+
+
+def _fraction(micro: int) -> str:
+    return f".{micro:06d}".rstrip("0") if micro else ""
+
+
+def format_time(t: datetime | None) -> str:
+    """Stored form: UTC, trailing fractional zeros trimmed, ``Z``; None -> ""."""
+    if t is None or t == ZERO_TIME:
+        return ""
+    u = t.astimezone(UTC) if t.tzinfo is not None else t.replace(tzinfo=UTC)
+    return u.strftime("%Y-%m-%dT%H:%M:%S") + _fraction(u.microsecond) + "Z"
+
+
+def format_time_nano(t: datetime | None) -> str:
+    """RFC 3339 with trimmed fraction in the time's own zone (Go's RFC3339Nano)."""
+    if t is None:
+        t = ZERO_TIME
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
+    off = t.utcoffset() or timedelta(0)
+    base = t.strftime("%Y-%m-%dT%H:%M:%S") + _fraction(t.microsecond)
+    if not off:
+        return base + "Z"
+    minutes = int(off.total_seconds()) // 60
+    sign = "+" if minutes >= 0 else "-"
+    minutes = abs(minutes)
+    return f"{base}{sign}{minutes // 60:02d}:{minutes % 60:02d}"
+
+
+def parse_time(text: str) -> datetime | None:
+    """Parse a stored time; "" is the zero time (None). Raises ValueError otherwise.
+
+    Nanosecond digits beyond microseconds (a database written by the Go
+    reference) are truncated, which Python's datetime cannot hold.
+    """
+    if text == "":
+        return None
+    m = _RFC3339.match(text)
+    if m is None:
+        raise ValueError(f"time {text!r} is not RFC 3339")
+    year, month, day, hour, minute, second = (int(m.group(i)) for i in range(1, 7))
+    frac = m.group(7) or ""
+    micro = int((frac + "000000")[:6])
+    if m.group(8):
+        tz = UTC
+    else:
+        delta = timedelta(hours=int(m.group(10)), minutes=int(m.group(11)))
+        tz = timezone(delta if m.group(9) == "+" else -delta)
+    t = datetime(year, month, day, hour, minute, second, micro, tzinfo=tz)
+    return t.astimezone(UTC)
+
+
+def to_unix_nanos(t: datetime) -> int:
+    """Integer nanoseconds since the epoch, exact for microsecond datetimes."""
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
+    delta = t - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1000
+
+
+def _fmt_frac(v: int, prec: int) -> tuple[str, int]:
+    """Go's fmtFrac: the fractional digits of v / 10**prec, trailing zeros dropped."""
+    digits = ""
+    printed = False
+    for _ in range(prec):
+        d = v % 10
+        printed = printed or d != 0
+        if printed:
+            digits = str(d) + digits
+        v //= 10
+    return ("." + digits if printed else ""), v
+
+
+def format_duration(ns: int) -> str:
+    """Go's time.Duration.String: ``1h0m0s``, ``1m30s``, ``25s``, ``500ms``, ``0s``."""
+    if ns == 0:
+        return "0s"
+    neg = ns < 0
+    u = -ns if neg else ns
+    if u < 1_000_000_000:
+        if u < 1_000:
+            text = f"{u}ns"
+        elif u < 1_000_000:
+            frac, whole = _fmt_frac(u, 3)
+            text = f"{whole}{frac}µs"
+        else:
+            frac, whole = _fmt_frac(u, 6)
+            text = f"{whole}{frac}ms"
+    else:
+        frac, whole = _fmt_frac(u, 9)
+        secs = whole % 60
+        whole //= 60
+        text = f"{secs}{frac}s"
+        if whole:
+            mins = whole % 60
+            hours = whole // 60
+            text = f"{mins}m{text}"
+            if hours:
+                text = f"{hours}h{text}"
+    return "-" + text if neg else text

@@ -1,0 +1,1 @@
+"""Follow the events table read-only and ship every event, once."""

@@ -1,0 +1,1 @@
+"""Agent runs as OpenTelemetry traces: the event stream mapped to spans."""

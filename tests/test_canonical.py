@@ -1,0 +1,117 @@
+"""Canonical JSON, the consumer-JSON boundary check, and every hash's golden vector."""
+
+import hashlib
+from datetime import timedelta
+
+import pytest
+
+import agentrt
+from agentrt import canonical_json, chain_hash, check_json, content_hash, policy_json
+from agentrt.gojson import Raw, compact, dumps, encode_string, raw_members
+
+NULL_HASH = "74234e98afe7498fb5daf1f36ac2d78acc339464f950703b8c019892f982b90b"
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (b"", NULL_HASH),
+        (b"  ", NULL_HASH),
+        (b"null", NULL_HASH),
+        (b"1.0", "d0ff5974b6aa52cf562bea5921840c032a860a91a3512f7fe8f768f6bbe005f6"),
+        (b"{}", "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"),
+        (b'"<script>&amp;</script>"',
+         "82f277f8f0331a2f51b10e04e886175451d160438aef59587053bfbcea064dd7"),
+        (b'{"a":2,"a":1}', "015abd7f5cc57a2dd94b7590f04ad8084273905ee33ec5cebeae62276a97f862"),
+        (b'{"a":1} trailing',
+         "015abd7f5cc57a2dd94b7590f04ad8084273905ee33ec5cebeae62276a97f862"),
+        (b'"\\ud800"', hashlib.sha256('"\ufffd"'.encode()).hexdigest()),
+    ],
+)
+def test_content_hash_matches_the_reference_golden_vectors(raw, expected):
+    assert content_hash(raw) == expected
+
+
+def test_content_hash_of_undecodable_bytes_is_the_hash_of_the_bytes():
+    assert content_hash(b"{nope") == hashlib.sha256(b"{nope").hexdigest()
+
+
+def test_canonical_json_sorts_keys_keeps_number_literals_and_escapes_html():
+    got = canonical_json(b' {"b": 1, "a": [1.0, -0, 1E+2, "<\xe2\x80\xa8>"]} ')
+    assert got == b'{"a":[1.0,-0,1E+2,"\\u003c\\u2028\\u003e"],"b":1}'
+
+
+def test_canonical_json_refuses_what_would_hash_lossily():
+    with pytest.raises(ValueError, match="duplicate key"):
+        canonical_json(b'{"a":1,"a":2}')
+    with pytest.raises(ValueError, match="not valid JSON"):
+        canonical_json(b'{"a":1} trailing')
+    assert canonical_json(b"   ") == b"null"
+
+
+def test_canonical_keys_sort_by_utf8_bytes_not_utf16_units():
+    # U+FF61 sorts before U+1F600 in UTF-8 byte order but after it in UTF-16 units.
+    got = canonical_json('{"\U0001f600":1,"\uff61":2}'.encode())
+    assert got == '{"\uff61":2,"\U0001f600":1}'.encode()
+
+
+def test_policy_form_is_the_canonical_traversal_without_html_escaping():
+    assert policy_json(b'{"b":"<&>", "a":1.50}') == b'{"a":1.50,"b":"<&>"}'
+    assert policy_json(b'{"a":1,"b":"x"}') == policy_json(b'{ "b" : "x", "a" : 1 }')
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        (b"[" * 257 + b"]" * 257, "nested deeper than 256 levels"),
+        (b'"\xff"', "not valid UTF-8"),
+        (b"{", "not valid JSON"),
+        (b"1 2", "not valid JSON"),
+        (b"NaN", "not valid JSON"),
+        (b'"\\ud800"', "unpaired surrogate \\ud800"),
+        (b'{"k":1,"k":2}', 'duplicate key "k"'),
+        (b"1" * 10001, "number 111111111111111111111111... is longer than 10000 characters"),
+        (b"1e10001", "number 1e10001 has an exponent beyond ±10000"),
+    ],
+)
+def test_check_json_refuses_in_the_reference_order(raw, problem):
+    assert check_json(raw) == problem
+
+
+def test_check_json_accepts_deep_but_bounded_and_brackets_inside_strings():
+    assert check_json(b"[" * 256 + b"]" * 256) is None
+    assert check_json(b'["' + b"[" * 1000 + b'"]') is None
+    assert check_json(b'"\\ud83d\\ude00"') is None
+    assert check_json(b"1e10000") is None
+
+
+def test_event_hash_golden():
+    got = chain_hash("", 1, "r", "", "2026-10-01T09:00:00Z", "run.started", "{}")
+    assert got == "215d2d4feca5e8542594838002508a9d6739ae568ac25b15fa28058b3943b60f"
+
+
+def test_approval_hash_golden():
+    spec = agentrt.ToolSpec("push", "push <main> & tag", b'{"type":"object"}',
+                            "remote_mutation", timedelta(seconds=30))
+    req = agentrt.ToolRequest("r1", "s1", spec, b'{"n":7,"ref":"refs/heads/main"}')
+    got = agentrt.approval_hash("remote_mutation", b'{"tool":"push","args":{"n":7}}',
+                                b'{"title":"Publish <PR> & tag","lines":1.0}', req)
+    assert got == "175bcfc7a7e3cdab6b98d7b50caf9f2a8e59d5208211b97de39a4b027c7fa0b2"
+
+
+def test_go_encoder_escapes_like_encoding_json():
+    assert encode_string('a"\\\b\f\n\r\t\x01\x7f<>&\u2028é') == (
+        '"a\\"\\\\\\b\\f\\n\\r\\t\\u0001\x7f\\u003c\\u003e\\u0026\\u2028é"'
+    )
+    assert encode_string("<>&\u2029", html=False) == '"<>&\\u2029"'
+    assert dumps({"z": Raw(b' { "a" : "<" } '), "a": [1, True, None]}) == (
+        b'{"z":{"a":"\\u003c"},"a":[1,true,null]}'
+    )
+    assert compact(b'{ "a b" : [ 1 , "x\\" y" ] }') == b'{"a b":[1,"x\\" y"]}'
+
+
+def test_raw_members_keep_each_value_byte_exact():
+    got = raw_members(b' {"a": {"x" : 1.50}, "b": "s", "a": [1] } ')
+    assert got == {"a": b"[1]", "b": b'"s"'}
+    with pytest.raises(ValueError):
+        raw_members(b"[1]")
