@@ -1,0 +1,18 @@
+"""Persistence: opening rules, migrations, the transaction helper, reads and the chain."""
+
+from agentrt.store.chainread import ChainBreak, VerifyReport
+from agentrt.store.opening import StoreOpenError
+from agentrt.store.pages import PageError
+from agentrt.store.store import Store, open_existing, open_store
+from agentrt.store.tx import Tx
+
+__all__ = [
+    "ChainBreak",
+    "PageError",
+    "Store",
+    "StoreOpenError",
+    "Tx",
+    "VerifyReport",
+    "open_existing",
+    "open_store",
+]

@@ -1,0 +1,179 @@
+"""Forward-only schema migrations.
+
+A released migration is never edited (``test_released_migrations_are_unchanged``
+pins their text). All missing migrations run in ONE immediate transaction that
+first reads the current version, so two processes opening a new file at once
+are safe: the second waits, then finds the work done.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import apsw
+
+from agentrt.errors import SchemaVersionError
+from agentrt.records import DEFAULT_LEASE_TTL, PRE_LEASE_OWNER
+from agentrt.store.chainread import backfill_hashes
+from agentrt.timefmt import format_time
+
+__all__ = ["MIGRATIONS", "current_version", "migrate"]
+
+_M1 = """
+CREATE TABLE runs (
+    id TEXT PRIMARY KEY,
+    goal TEXT NOT NULL,
+    status TEXT NOT NULL,
+    reason TEXT NOT NULL DEFAULT '',
+    reason_detail TEXT NOT NULL DEFAULT '',
+    limits_json TEXT NOT NULL,
+    step_count INTEGER NOT NULL DEFAULT 0,
+    created_at TEXT NOT NULL,
+    started_at TEXT NOT NULL DEFAULT '',
+    finished_at TEXT NOT NULL DEFAULT '',
+    result_json TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE steps (
+    id TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    idx INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    decision_json TEXT NOT NULL DEFAULT '',
+    policy_json TEXT NOT NULL DEFAULT '',
+    observation_json TEXT NOT NULL DEFAULT '',
+    observation_hash TEXT NOT NULL DEFAULT '',
+    started_at TEXT NOT NULL,
+    finished_at TEXT NOT NULL DEFAULT '',
+    UNIQUE (run_id, idx)
+);
+CREATE TABLE events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    step_id TEXT NOT NULL DEFAULT '',
+    at TEXT NOT NULL,
+    type TEXT NOT NULL,
+    payload_json TEXT NOT NULL
+);
+CREATE INDEX events_run ON events(run_id, seq);
+"""
+
+_M2 = """
+CREATE TABLE approvals (
+    id TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    step_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    capability_json TEXT NOT NULL,
+    presentation_json TEXT NOT NULL,
+    request_json TEXT NOT NULL,
+    hash TEXT NOT NULL,
+    status TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    decided_at TEXT NOT NULL DEFAULT '',
+    decided_by TEXT NOT NULL DEFAULT '',
+    note TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX approvals_run ON approvals(run_id, created_at);
+"""
+
+_M3 = """
+CREATE TABLE model_calls (
+    id TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES runs(id),
+    step_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    model TEXT NOT NULL,
+    input_tokens INTEGER NOT NULL DEFAULT 0,
+    output_tokens INTEGER NOT NULL DEFAULT 0,
+    cached_input_tokens INTEGER NOT NULL DEFAULT 0,
+    cost_micros INTEGER NOT NULL DEFAULT 0,
+    latency_ms INTEGER NOT NULL DEFAULT 0,
+    error TEXT NOT NULL DEFAULT '',
+    dispatched_at TEXT NOT NULL,
+    completed_at TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX model_calls_run ON model_calls(run_id, dispatched_at);
+ALTER TABLE runs ADD COLUMN model_calls INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE runs ADD COLUMN input_tokens INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE runs ADD COLUMN output_tokens INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE runs ADD COLUMN cached_input_tokens INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE runs ADD COLUMN estimated_cost_micros INTEGER NOT NULL DEFAULT 0;
+"""
+
+_M4 = """
+ALTER TABLE runs ADD COLUMN active_ms INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE approvals ADD COLUMN expires_at TEXT NOT NULL DEFAULT '';
+"""
+
+_M5 = """
+ALTER TABLE runs ADD COLUMN lease_owner TEXT NOT NULL DEFAULT '';
+ALTER TABLE runs ADD COLUMN lease_expires_at TEXT NOT NULL DEFAULT '';
+"""
+
+_M6 = """
+CREATE TABLE tool_specs (
+    hash TEXT PRIMARY KEY,
+    spec_json TEXT NOT NULL
+);
+ALTER TABLE steps ADD COLUMN spec_hash TEXT NOT NULL DEFAULT '';
+ALTER TABLE steps ADD COLUMN policy_id TEXT NOT NULL DEFAULT '';
+ALTER TABLE events ADD COLUMN hash TEXT NOT NULL DEFAULT '';
+"""
+
+#: The released migrations, in order; version N is ``MIGRATIONS[N-1]``.
+MIGRATIONS: tuple[str, ...] = (_M1, _M2, _M3, _M4, _M5, _M6)
+
+
+def _lease_placeholders(conn: apsw.Connection) -> None:
+    """Migration 5's side action: a run a pre-lease process may still be
+    executing gets one lease of grace under the placeholder owner."""
+    expires = format_time(datetime.now(UTC) + DEFAULT_LEASE_TTL)
+    conn.execute(
+        "UPDATE runs SET lease_owner = ?, lease_expires_at = ? WHERE status = 'RUNNING'",
+        (PRE_LEASE_OWNER, expires),
+    )
+
+
+_SIDE_ACTIONS = {5: _lease_placeholders, 6: backfill_hashes}
+
+
+def current_version(conn: apsw.Connection) -> int:
+    row = conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations").fetchone()
+    return int(row[0]) if row else 0
+
+
+def migrate(conn: apsw.Connection, path: str) -> None:
+    """Apply every missing migration in one IMMEDIATE transaction.
+
+    Raises SchemaVersionError, changing nothing, for a database a newer build
+    migrated.
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations ("
+            "version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)"
+        )
+        version = current_version(conn)
+        known = len(MIGRATIONS)
+        if version > known:
+            raise SchemaVersionError(
+                f"{path}: the database is at version {version}, this build knows {known}; "
+                "use the newer agentrt that migrated it",
+                found=version,
+                known=known,
+            )
+        for number in range(version + 1, known + 1):
+            conn.execute(MIGRATIONS[number - 1])
+            side = _SIDE_ACTIONS.get(number)
+            if side is not None:
+                side(conn)
+            conn.execute(
+                "INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)",
+                (number, format_time(datetime.now(UTC))),
+            )
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")

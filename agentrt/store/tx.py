@@ -1,0 +1,103 @@
+"""One write transaction: the state change and the events that explain it.
+
+Every write goes through :class:`Tx`, opened by ``Store.tx()``: it begins
+IMMEDIATE (the write lock is held from the start, so a read-then-write
+transaction waits for another process's writer instead of failing to
+upgrade), runs the mutation, appends the events, commits, and only then hands
+the events to the observer. An observer never sees an event whose state did
+not commit.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import apsw
+
+from agentrt.chain import chain_hash
+from agentrt.events import Event
+from agentrt.gojson import dumps
+from agentrt.timefmt import format_time
+
+__all__ = ["Tx", "encode_payload"]
+
+_HEAD_SQL = (
+    "SELECT MAX("
+    "COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'events'), 0), "
+    "COALESCE((SELECT MAX(seq) FROM events), 0))"
+)
+_LAST_HASH_SQL = "SELECT hash FROM events ORDER BY seq DESC LIMIT 1"
+_INSERT_EVENT_SQL = (
+    "INSERT INTO events (seq, run_id, step_id, at, type, payload_json, hash) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def encode_payload(payload: bytes | dict[str, Any] | None) -> bytes:
+    """A payload's stored bytes: dicts are encoded in their insertion order, as
+    Go encodes a struct; empty is ``{}``."""
+    if payload is None:
+        return b"{}"
+    if isinstance(payload, dict):
+        return dumps(payload)
+    return payload if payload.strip() else b"{}"
+
+
+class Tx:
+    """The open write transaction handed to a mutation.
+
+    ``execute`` runs a statement on the store's connection; ``append`` adds an
+    event with the next seq (head + 1, read once inside this transaction) and
+    its chain hash. Events reach the observer after COMMIT, in append order.
+    """
+
+    __slots__ = ("_conn", "_head_hash", "_head_seq", "events")
+
+    def __init__(self, conn: apsw.Connection) -> None:
+        self._conn = conn
+        self._head_seq: int | None = None
+        self._head_hash = ""
+        self.events: list[Event] = []
+
+    @property
+    def conn(self) -> apsw.Connection:
+        return self._conn
+
+    def execute(self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()) -> apsw.Cursor:
+        return self._conn.execute(sql, params)
+
+    def one(self, sql: str, params: tuple[Any, ...] = ()) -> tuple[Any, ...] | None:
+        """The first row of a query, or None."""
+        row = self._conn.execute(sql, params).fetchone()
+        return tuple(row) if row is not None else None
+
+    def changes(self) -> int:
+        """Rows changed by the last statement (compare-and-set writes check it)."""
+        return int(self._conn.changes())
+
+    def append(
+        self,
+        run_id: str,
+        step_id: str,
+        at: datetime,
+        type: str,
+        payload: bytes | dict[str, Any] | None = None,
+    ) -> Event:
+        """Append one event to the global chain inside this transaction."""
+        if self._head_seq is None:
+            row = self._conn.execute(_HEAD_SQL).fetchone()
+            self._head_seq = int(row[0]) if row else 0
+            last = self._conn.execute(_LAST_HASH_SQL).fetchone()
+            self._head_hash = str(last[0]) if last else ""
+        data = encode_payload(payload)
+        seq = self._head_seq + 1
+        at_text = format_time(at)
+        text = data.decode("utf-8")
+        digest = chain_hash(self._head_hash, seq, run_id, step_id, at_text, type, data)
+        self._conn.execute(_INSERT_EVENT_SQL, (seq, run_id, step_id, at_text, type, text, digest))
+        self._head_seq = seq
+        self._head_hash = digest
+        event = Event(seq, run_id, step_id, at, type, data)
+        self.events.append(event)
+        return event
