@@ -397,7 +397,7 @@ def open_existing(path: str, read_only: bool = True) -> Store:
         try:
             refuse_unsafe_schema(conn, path)
         except apsw.ReadOnlyError as exc:
-            if not read_only or exc.extended_result != apsw.SQLITE_READONLY_DIRECTORY:
+            if not read_only or exc.extendedresult != apsw.SQLITE_READONLY_DIRECTORY:
                 raise
             # A WAL database with no -shm in a directory we cannot write: no
             # writer can be live, so the file may be read as immutable.
