@@ -1,0 +1,792 @@
+"""The event stream mapped to OpenTelemetry spans: pure, stateful, no I/O.
+
+:class:`SpanMapper` is fed events in seq order (as a follower delivers them)
+and returns the spans each event finishes. A span is returned only when it
+ends, so a run's span appears at ``run.finished`` and a step's when the step
+ends. The mapping is the reference exporter's (``export/otel``, spec section
+3.5): one trace per run; ``agentrt.run`` at the root, ``agentrt.step`` and
+``agentrt.event`` under it, ``agentrt.model``, ``agentrt.approval`` and
+``agentrt.tool.late`` under their step; every id derived from what the span
+stands for (:mod:`agentrt_otel.ids`). Each of the 19 event types has its own
+handler; only a type this build does not know takes the generic path.
+
+State. Per run: the run span, the open steps (with their *interrupted*
+flag), the current step, open model calls and open approvals. A run's state
+is dropped as soon as nothing of it is open, so memory follows open spans
+only. Besides, a bounded memory (``finished_runs``, default 4096) of recently
+finished runs lets events that arrive after ``run.finished`` be recognised.
+
+Restarts (spec 3.6). A span whose start event was not seen is rebuilt from
+the optional :class:`SpanStartSource` (a read-only store): the run from its
+row (creation time, goal, limits), the step from its row (start, index,
+decision and policy), the approval from its row (creation time, kind, hash,
+capability, presentation). Without a source, or when the row is missing, the
+span starts at the event and carries ``agentrt.span.start_unknown = true``.
+
+Deliberate departures from the reference (each keeps restart invariance):
+
+1. *An event for a run this mapper saw finish* never opens a new run, step,
+   model or approval span (the reference would open a run span that never
+   ends, or emit a second span with an id already exported). Such an event
+   becomes a zero-length ``agentrt.event`` span whose id is derived from its
+   seq, as unknown event types already do. The two things the runtime does
+   write after ``run.finished`` keep their meaning: a late
+   ``step.tool_finished`` (its ``agentrt.tool.late`` span) and the result of
+   a model call that was in flight when the run was cancelled (below).
+2. *A model call in flight when a run is cancelled* is not closed with
+   status ``unknown`` at ``run.finished`` and then exported a second time
+   when its result arrives: its span stays pending (in the bounded memory of
+   finished runs) and ends once, with the result. A call still pending when
+   its run leaves that memory ends as the reference ends it (``unknown``, at
+   the run's end). Other run endings close open calls as ``unknown``: those
+   calls belong to a process that died, and will never report.
+3. *A second decision on an approval whose span already ended* (a spent
+   grant expiring when the run resumes, ``approved`` then ``expired``) is a
+   span event ``approval.decided`` on its step instead of a second approval
+   span with the same id. After a restart the store tells the two apart: the
+   stored decision is older than the event.
+
+Known limits of restart invariance (the store keeps no record of them):
+span events emitted before a restart are not rebuilt; a model call whose
+dispatch preceded a restart starts at completion time minus its whole
+milliseconds of latency; a step resumed after an approval restarts at its
+stored start, which the runtime moves to the resume time; a run created with
+a payload over the page cap has ``agentrt.payload.truncated`` only when its
+``run.created`` was seen.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from functools import lru_cache
+
+from opentelemetry.trace import SpanKind, StatusCode
+
+from agentrt.events import Event, EventType
+from agentrt_otel._payload import BAD, Payload
+from agentrt_otel._restart import Lookups, event_time_ns, limit_attributes, open_at_run_end
+from agentrt_otel.ids import span_id, trace_id
+from agentrt_otel.records import (
+    AttributeValue,
+    SpanEventRecord,
+    SpanRecord,
+    SpanStartSource,
+)
+from agentrt_otel.semconv import add_semantic_attributes
+from agentrt_otel.text import DEFAULT_MAX_TEXT, truncate
+
+__all__ = ["DEFAULT_FINISHED_RUNS", "SpanMapper"]
+
+#: How many finished runs the mapper remembers (see the module docstring).
+DEFAULT_FINISHED_RUNS = 4096
+
+Attrs = dict[str, AttributeValue]
+
+_INTERNAL = SpanKind.INTERNAL
+_CLIENT = SpanKind.CLIENT
+_UNSET = StatusCode.UNSET
+_NO_ATTRS: Attrs = {}
+
+_T = "agentrt.payload.truncated"
+_RUN_ID = "agentrt.run.id"
+_STEP_ID = "agentrt.step.id"
+_START_UNKNOWN = "agentrt.span.start_unknown"
+
+
+@lru_cache(maxsize=4096)
+def _trace_id(run_id: str) -> int:
+    """Trace ids are asked for once per finished span; most runs have many."""
+    return trace_id(run_id)
+
+
+class _Open:
+    """A span that has started and not yet ended."""
+
+    __slots__ = (
+        "attrs",
+        "events",
+        "kind",
+        "name",
+        "parent_id",
+        "run_id",
+        "span_id",
+        "start_ns",
+        "status_code",
+        "status_description",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        run_id: str,
+        span_id_: int,
+        parent_id: int | None,
+        kind: SpanKind,
+        start_ns: int,
+        attrs: Attrs,
+    ) -> None:
+        self.name = name
+        self.run_id = run_id
+        self.span_id = span_id_
+        self.parent_id = parent_id
+        self.kind = kind
+        self.start_ns = start_ns
+        self.attrs = attrs
+        self.events: list[SpanEventRecord] = []
+        self.status_code = _UNSET
+        self.status_description = ""
+
+
+class _Step:
+    __slots__ = ("interrupted", "span")
+
+    def __init__(self, span: _Open, interrupted: bool = False) -> None:
+        self.span = span
+        self.interrupted = interrupted
+
+
+class _Run:
+    """What is open of one run."""
+
+    __slots__ = (
+        "approvals",
+        "current",
+        "ended_approvals",
+        "last_ended",
+        "models",
+        "run",
+        "run_id",
+        "seen_created",
+        "steps",
+    )
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.run: _Open | None = None
+        self.steps: dict[str, _Step] = {}
+        self.current = ""
+        self.models: dict[str, _Open] = {}
+        self.approvals: dict[str, tuple[_Open, str]] = {}
+        # Approvals whose span this mapper ended while the run was open.
+        self.ended_approvals: set[str] = set()
+        # The step this mapper ended last, and whether it saw run.created
+        # (then it has seen every event of the run and needs no store).
+        self.last_ended = ""
+        self.seen_created = False
+
+    def empty(self) -> bool:
+        return self.run is None and not self.steps and not self.models and not self.approvals
+
+
+class _Finished:
+    """A run that ended: when, and the model calls still awaiting a result."""
+
+    __slots__ = ("end_ns", "models")
+
+    def __init__(self, end_ns: int, models: dict[str, _Open]) -> None:
+        self.end_ns = end_ns
+        self.models = models
+
+
+Handler = Callable[[Event, Payload, int, list[SpanRecord]], None]
+
+
+class SpanMapper:
+    """Events in seq order in, finished :class:`SpanRecord` objects out.
+
+    Not thread-safe: one mapper sees one stream, as one follower delivers
+    it. ``max_text`` caps text attributes (:func:`truncate`); ``source`` is
+    consulted only for spans whose start this mapper missed.
+    """
+
+    def __init__(
+        self,
+        source: SpanStartSource | None = None,
+        *,
+        max_text: int = DEFAULT_MAX_TEXT,
+        finished_runs: int = DEFAULT_FINISHED_RUNS,
+    ) -> None:
+        if max_text < 0:
+            raise ValueError(f"otel: max_text {max_text} is negative")
+        if finished_runs < 0:
+            raise ValueError(f"otel: finished_runs {finished_runs} is negative")
+        self._max_text = max_text
+        self._lookups = Lookups(source, max_text)
+        self._runs: dict[str, _Run] = {}
+        self._finished: OrderedDict[str, _Finished] = OrderedDict()
+        self._finished_cap = finished_runs
+        self._handlers: dict[str, Handler] = {
+            EventType.RUN_CREATED: self._run_created,
+            EventType.RUN_STARTED: self._run_started,
+            EventType.RUN_RESUMED: self._run_resumed,
+            EventType.LEASE_TAKEN_OVER: self._lease_taken_over,
+            EventType.LIMIT_EXCEEDED: self._limit_exceeded,
+            EventType.LOOP_DETECTED: self._loop_detected,
+            EventType.STEP_STARTED: self._step_started,
+            EventType.STEP_DECIDED: self._step_decided,
+            EventType.STEP_POLICY: self._step_policy,
+            EventType.STEP_TOOL_STARTED: self._tool_started,
+            EventType.STEP_TOOL_FINISHED: self._tool_finished,
+            EventType.STEP_FAILED: self._step_failed,
+            EventType.STEP_INTERRUPTED: self._step_interrupted,
+            EventType.APPROVAL_REQUESTED: self._approval_requested,
+            EventType.APPROVAL_DECIDED: self._approval_decided,
+            EventType.MODEL_DISPATCHED: self._model_dispatched,
+            EventType.MODEL_COMPLETED: self._model_result,
+            EventType.MODEL_FAILED: self._model_result,
+            EventType.RUN_FINISHED: self._run_finished,
+        }
+
+    # -- public -------------------------------------------------------------
+
+    @property
+    def handled_types(self) -> frozenset[str]:
+        """The event types with a specific mapping (all the runtime writes)."""
+        return frozenset(self._handlers)
+
+    @property
+    def open_runs(self) -> int:
+        """Runs with at least one open span."""
+        return len(self._runs)
+
+    @property
+    def open_spans(self) -> int:
+        """Spans started and not yet ended (pending model calls included)."""
+        n = sum(
+            (st.run is not None) + len(st.steps) + len(st.models) + len(st.approvals)
+            for st in self._runs.values()
+        )
+        return n + sum(len(f.models) for f in self._finished.values())
+
+    def map(self, event: Event) -> list[SpanRecord]:
+        """The spans ``event`` finishes, in the order they ended."""
+        out: list[SpanRecord] = []
+        payload = Payload.parse(event.payload)
+        at = event_time_ns(event.at)
+        handler = self._handlers.get(event.type)
+        if event.run_id in self._finished and not self._after_end(event, payload):
+            self._event_span(event, payload, at, out)
+        elif handler is not None:
+            handler(event, payload, at, out)
+        else:
+            self._unknown(event, payload, at, out)
+        st = self._runs.get(event.run_id)
+        if st is not None and st.empty():
+            del self._runs[event.run_id]
+        return out
+
+    def map_all(self, events: Iterable[Event]) -> list[SpanRecord]:
+        """:meth:`map` over several events, spans concatenated."""
+        out: list[SpanRecord] = []
+        for event in events:
+            out.extend(self.map(event))
+        return out
+
+    # -- helpers ------------------------------------------------------------
+
+    def _state(self, run_id: str) -> _Run:
+        st = self._runs.get(run_id)
+        if st is None:
+            st = self._runs[run_id] = _Run(run_id)
+        return st
+
+    def _text(self, attrs: Attrs, key: str, p: Payload, field: str) -> None:
+        value = p.string(field)
+        if value:
+            attrs[key] = truncate(value, self._max_text)
+
+    @staticmethod
+    def _str(attrs: Attrs, key: str, p: Payload, field: str) -> None:
+        value = p.string(field)
+        if value:
+            attrs[key] = value
+
+    @staticmethod
+    def _num(attrs: Attrs, key: str, p: Payload, field: str) -> None:
+        value = p.integer(field)
+        if value is not None:
+            attrs[key] = value
+
+    @staticmethod
+    def _truncated(attrs: Attrs, p: Payload) -> Attrs:
+        length = p.truncated_length()
+        if length is not None:
+            attrs[_T] = length
+        return attrs
+
+    def _finish(self, span: _Open, end_ns: int, out: list[SpanRecord]) -> None:
+        attrs = span.attrs
+        add_semantic_attributes(span.name, attrs, span.run_id)
+        out.append(
+            SpanRecord(
+                name=span.name,
+                trace_id=_trace_id(span.run_id),
+                span_id=span.span_id,
+                parent_span_id=span.parent_id,
+                kind=span.kind,
+                start_ns=span.start_ns,
+                end_ns=end_ns,
+                attributes=attrs,
+                events=tuple(span.events),
+                status_code=span.status_code,
+                status_description=span.status_description,
+            )
+        )
+
+    @staticmethod
+    def _after_end(event: Event, p: Payload) -> bool:
+        """Events the runtime itself writes after ``run.finished``."""
+        t = event.type
+        if t == EventType.STEP_TOOL_FINISHED:
+            return p.is_true("late")
+        return t == EventType.MODEL_COMPLETED or t == EventType.MODEL_FAILED
+
+    def _remember_finished(self, run_id: str, end_ns: int, models: dict[str, _Open],
+                           out: list[SpanRecord]) -> None:
+        self._finished[run_id] = _Finished(end_ns, models)
+        self._finished.move_to_end(run_id)
+        while len(self._finished) > self._finished_cap:
+            _, old = self._finished.popitem(last=False)
+            for span in old.models.values():
+                span.attrs["agentrt.model.status"] = "unknown"
+                self._finish(span, max(old.end_ns, span.start_ns), out)
+
+    # -- ensure run / step --------------------------------------------------
+
+    def _ensure_run(self, st: _Run, at: int) -> _Open:
+        if st.run is not None:
+            return st.run
+        attrs: Attrs = {_RUN_ID: st.run_id}
+        start = self._lookups.run(st.run_id, attrs)
+        if start is None:
+            start = at
+            attrs[_START_UNKNOWN] = True
+        st.run = _Open("agentrt.run", st.run_id, span_id("run", st.run_id), None, _INTERNAL,
+                       start, attrs)
+        return st.run
+
+    def _new_step(self, st: _Run, step_id: str, start: int, attrs: Attrs,
+                  interrupted: bool = False) -> _Step:
+        span = _Open("agentrt.step", st.run_id, span_id("step", step_id),
+                     span_id("run", st.run_id), _INTERNAL, start, attrs)
+        step = st.steps[step_id] = _Step(span, interrupted)
+        return step
+
+    def _ensure_step(self, st: _Run, step_id: str, at: int, implied: int | None = None) -> _Step:
+        step = st.steps.get(step_id)
+        if step is not None:
+            return step
+        attrs: Attrs = {_RUN_ID: st.run_id, _STEP_ID: step_id}
+        stored = self._lookups.step(st.run_id, step_id)
+        start: int | None = None
+        interrupted = False
+        if stored is not None:
+            attrs.update(stored.attributes)
+            start = stored.start_ns
+            interrupted = stored.interrupted
+        if start is None:
+            start = implied
+        if start is None:
+            start = at
+            attrs[_START_UNKNOWN] = True
+        if not st.current:
+            st.current = step_id
+        return self._new_step(st, step_id, start, attrs, interrupted)
+
+    def _end_step(self, st: _Run, step_id: str, at: int, end: str, status: str,
+                  out: list[SpanRecord]) -> None:
+        step = st.steps.pop(step_id)
+        st.last_ended = step_id
+        attrs = step.span.attrs
+        attrs["agentrt.step.end"] = end
+        if status:
+            attrs["agentrt.step.status"] = status
+        self._finish(step.span, at, out)
+
+    # -- run-level events ---------------------------------------------------
+
+    def _run_created(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        st = self._state(e.run_id)
+        if st.run is not None:
+            return
+        st.seen_created = True
+        attrs = self._truncated({}, p)
+        attrs[_RUN_ID] = e.run_id
+        self._text(attrs, "agentrt.run.goal", p, "goal")
+        self._limits(attrs, p)
+        st.run = _Open("agentrt.run", e.run_id, span_id("run", e.run_id), None, _INTERNAL, at,
+                       attrs)
+
+    @staticmethod
+    def _limits(attrs: Attrs, p: Payload) -> None:
+        """``limits`` as Go decodes it into a struct: absent or of a wrong type
+        anywhere -> no attributes at all; ``null`` -> all zero."""
+        if not p.has("limits"):
+            return
+        if p.is_null("limits"):
+            limits = Payload(None, {}, None)
+        else:
+            member = p.member("limits")
+            if member is None:
+                return
+            limits = member
+        ints: dict[str, int] = {}
+        for key in (
+            "max_steps", "max_consecutive_tool_failures", "loop_threshold",
+            "max_model_calls", "max_output_tokens_per_call", "max_total_tokens",
+            "max_estimated_cost_micros", "max_active_time", "max_elapsed_time",
+            "approval_ttl", "grant_ttl",
+        ):
+            value = limits.strict_int(key)
+            if value is BAD:
+                return
+            assert isinstance(value, int)
+            ints[key] = value
+        limit_attributes(
+            attrs,
+            ints["max_steps"],
+            ints["max_consecutive_tool_failures"],
+            ints["loop_threshold"],
+            tuple((k, ints[k]) for k in (
+                "max_model_calls", "max_output_tokens_per_call", "max_total_tokens",
+                "max_estimated_cost_micros",
+            )),
+            tuple((k + "_ms", ints[k]) for k in (
+                "max_active_time", "max_elapsed_time", "approval_ttl", "grant_ttl",
+            )),
+        )
+
+    def _run_event(self, e: Event, p: Payload, at: int, attrs: Attrs) -> None:
+        run = self._ensure_run(self._state(e.run_id), at)
+        run.events.append(SpanEventRecord(e.type, at, attrs))
+
+    def _run_started(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        self._run_event(e, p, at, _NO_ATTRS)
+
+    def _run_resumed(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        attrs = self._truncated({}, p)
+        self._str(attrs, "agentrt.approval.id", p, "approval_id")
+        self._str(attrs, "agentrt.resumed.after", p, "after")
+        self._run_event(e, p, at, attrs)
+
+    def _lease_taken_over(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        attrs = self._truncated({}, p)
+        self._str(attrs, "agentrt.lease.previous_owner", p, "previous_owner")
+        self._str(attrs, "agentrt.lease.previous_expires_at", p, "previous_expires_at")
+        self._str(attrs, "agentrt.lease.owner", p, "owner")
+        self._run_event(e, p, at, attrs)
+
+    def _limit_exceeded(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        attrs = self._truncated({}, p)
+        self._str(attrs, "agentrt.limit.reason", p, "reason")
+        self._text(attrs, "agentrt.limit.detail", p, "detail")
+        self._run_event(e, p, at, attrs)
+
+    def _loop_detected(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        attrs = self._truncated({}, p)
+        self._num(attrs, "agentrt.loop.repeats", p, "repeats")
+        self._str(attrs, "agentrt.loop.tool", p, "tool")
+        self._str(attrs, "agentrt.loop.args_hash", p, "args_hash")
+        self._str(attrs, "agentrt.loop.observation_hash", p, "observation_hash")
+        self._run_event(e, p, at, attrs)
+
+    def _run_finished(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        st = self._state(e.run_id)
+        run = self._ensure_run(st, at)
+        status = p.string("status")
+        for span, _ in st.approvals.values():
+            span.attrs["agentrt.approval.status"] = "pending"
+            self._finish(span, at, out)
+        st.approvals.clear()
+        pending: dict[str, _Open] = {}
+        for call_id, span in st.models.items():
+            if status == "CANCELLED":
+                pending[call_id] = span  # its result is still to come (docstring, 2)
+            else:
+                span.attrs["agentrt.model.status"] = "unknown"
+                self._finish(span, at, out)
+        st.models.clear()
+        if not st.seen_created:
+            self._rebuild_last_step(st, at)
+        for step_id in list(st.steps):
+            interrupted = st.steps[step_id].interrupted
+            self._end_step(st, step_id, at, "run.finished", "interrupted" if interrupted else "",
+                           out)
+        attrs = self._truncated(run.attrs, p)
+        attrs["agentrt.run.status"] = status
+        self._str(attrs, "agentrt.run.reason", p, "reason")
+        self._text(attrs, "agentrt.run.detail", p, "detail")
+        self._num(attrs, "agentrt.run.steps", p, "steps")
+        self._str(attrs, "agentrt.run.by", p, "by")
+        if status == "COMPLETED":
+            run.status_code = StatusCode.OK
+        elif status == "FAILED":
+            run.status_code = StatusCode.ERROR
+            run.status_description = p.string("reason")
+        elif status == "CANCELLED":
+            cancelled: Attrs = {}
+            self._str(cancelled, "agentrt.run.reason", p, "reason")
+            self._str(cancelled, "agentrt.run.by", p, "by")
+            self._text(cancelled, "agentrt.run.detail", p, "detail")
+            run.events.append(SpanEventRecord("run.cancelled", at, cancelled))
+        self._finish(run, at, out)
+        st.run = None
+        st.current = ""
+        st.steps.clear()
+        del self._runs[e.run_id]
+        self._remember_finished(e.run_id, at, pending, out)
+
+    def _rebuild_last_step(self, st: _Run, at: int) -> None:
+        """After a restart, the run's last step may be open without this
+        mapper having seen any of its events (a completion decided just before
+        the restart); the store tells whether it was, so it ends here as it
+        would have in one pass instead of never."""
+        last = self._lookups.last_step(st.run_id)
+        if last is None or last.id in st.steps or last.id == st.last_ended:
+            return
+        if not open_at_run_end(last, at):
+            return
+        stored = self._lookups.step_start(last)
+        attrs: Attrs = {_RUN_ID: st.run_id, _STEP_ID: last.id}
+        attrs.update(stored.attributes)
+        start = stored.start_ns
+        if start is None:
+            start = at
+            attrs[_START_UNKNOWN] = True
+        self._new_step(st, last.id, start, attrs, stored.interrupted)
+
+    # -- step events --------------------------------------------------------
+
+    def _step_started(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        st = self._state(e.run_id)
+        if st.current and st.current != e.step_id and st.current in st.steps:
+            interrupted = st.steps[st.current].interrupted
+            self._end_step(st, st.current, at, "step.started",
+                           "interrupted" if interrupted else "", out)
+        st.current = e.step_id
+        if e.step_id in st.steps:
+            return
+        attrs = self._truncated({}, p)
+        attrs[_RUN_ID] = e.run_id
+        attrs[_STEP_ID] = e.step_id
+        self._num(attrs, "agentrt.step.index", p, "index")
+        self._new_step(st, e.step_id, at, attrs)
+
+    def _step_decided(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        span = self._ensure_step(self._state(e.run_id), e.step_id, at).span
+        attrs = self._truncated(span.attrs, p)
+        self._str(attrs, "agentrt.decision.kind", p, "kind")
+        self._text(attrs, "agentrt.decision.tool", p, "tool")
+        self._text(attrs, "agentrt.decision.args", p, "args")
+        self._text(attrs, "agentrt.decision.reason", p, "reason")
+        self._text(attrs, "agentrt.decision.result", p, "result")
+        self._text(attrs, "agentrt.decision.message", p, "message")
+        self._text(attrs, "agentrt.decision.invalid_args", p, "invalid_args")
+        self._text(attrs, "agentrt.decision.invalid_result", p, "invalid_result")
+        if p.is_true("invalid_base64"):
+            attrs["agentrt.decision.invalid_base64"] = True
+        self._str(attrs, "agentrt.decision.origin", p, "origin")
+        span.events.append(SpanEventRecord(e.type, at, _NO_ATTRS))
+
+    def _step_policy(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        span = self._ensure_step(self._state(e.run_id), e.step_id, at).span
+        attrs = self._truncated(span.attrs, p)
+        self._str(attrs, "agentrt.policy.outcome", p, "outcome")
+        self._text(attrs, "agentrt.policy.reason", p, "reason")
+        self._str(attrs, "agentrt.policy.kind", p, "kind")
+        self._str(attrs, "agentrt.policy.id", p, "policy_id")
+        self._str(attrs, "agentrt.policy.spec_hash", p, "spec_hash")
+        span.events.append(SpanEventRecord(e.type, at, _NO_ATTRS))
+
+    def _tool_started(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        span = self._ensure_step(self._state(e.run_id), e.step_id, at).span
+        self._str(self._truncated(span.attrs, p), "agentrt.tool.name", p, "tool")
+        attrs: Attrs = {}
+        self._str(attrs, "agentrt.approval.id", p, "approval_id")
+        span.events.append(SpanEventRecord(e.type, at, attrs))
+
+    def _tool_attrs(self, attrs: Attrs, p: Payload) -> None:
+        self._str(attrs, "agentrt.tool.name", p, "tool")
+        self._num(attrs, "agentrt.tool.duration_ms", p, "duration_ms")
+        self._text(attrs, "agentrt.tool.summary", p, "summary")
+        self._str(attrs, "agentrt.tool.content_hash", p, "content_hash")
+
+    def _tool_finished(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        duration = p.integer("duration_ms")
+        implied = at - duration * 1_000_000 if duration is not None else None
+        if p.is_true("late"):
+            self._late_tool(e, p, at, implied, out)
+            return
+        st = self._state(e.run_id)
+        span = self._ensure_step(st, e.step_id, at, implied).span
+        attrs = self._truncated(span.attrs, p)
+        self._tool_attrs(attrs, p)
+        if p.has("error"):
+            self._text(attrs, "agentrt.tool.error", p, "error")
+            return  # step.failed follows in the same transaction and ends the step
+        self._end_step(st, e.step_id, at, "step.tool_finished", "done", out)
+
+    def _late_tool(self, e: Event, p: Payload, at: int, implied: int | None,
+                   out: list[SpanRecord]) -> None:
+        """A cancelled run's tool outcome: its own span, touching nothing open."""
+        attrs = self._truncated({}, p)
+        self._tool_attrs(attrs, p)
+        attrs[_RUN_ID] = e.run_id
+        attrs[_STEP_ID] = e.step_id
+        self._text(attrs, "agentrt.tool.observation", p, "observation")
+        start = at if implied is None else min(implied, at)
+        span = _Open("agentrt.tool.late", e.run_id, span_id("late", e.step_id),
+                     span_id("step", e.step_id), _INTERNAL, start, attrs)
+        self._finish(span, at, out)
+
+    def _step_failed(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        st = self._state(e.run_id)
+        span = self._ensure_step(st, e.step_id, at).span
+        attrs = self._truncated(span.attrs, p)
+        self._text(attrs, "agentrt.step.detail", p, "detail")
+        self._str(attrs, "agentrt.step.observation", p, "observation")
+        self._str(attrs, "agentrt.step.content_hash", p, "content_hash")
+        span.status_code = StatusCode.ERROR
+        span.status_description = p.string("observation")
+        self._end_step(st, e.step_id, at, "step.failed", "failed", out)
+
+    def _step_interrupted(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        step = self._ensure_step(self._state(e.run_id), e.step_id, at)
+        step.interrupted = True
+        attrs = self._truncated({}, p)
+        nested = p.member("previous_status")
+        if nested is not None and nested.has("previous_status"):
+            attrs["agentrt.step.previous_status"] = nested.string("previous_status")
+        else:
+            attrs["agentrt.step.previous_status"] = p.string("previous_status")
+        step.span.events.append(SpanEventRecord(e.type, at, attrs))
+
+    # -- approvals ----------------------------------------------------------
+
+    def _approval_requested(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        st = self._state(e.run_id)
+        step = self._ensure_step(st, e.step_id, at).span
+        approval_id = p.string("approval_id")
+        note: Attrs = {"agentrt.approval.id": approval_id}
+        self._str(note, "agentrt.approval.kind", p, "kind")
+        step.events.append(SpanEventRecord(e.type, at, note))
+        if approval_id in st.approvals:
+            return
+        attrs = self._truncated({}, p)
+        attrs[_RUN_ID] = e.run_id
+        attrs[_STEP_ID] = e.step_id
+        self._str(attrs, "agentrt.approval.id", p, "approval_id")
+        self._str(attrs, "agentrt.approval.kind", p, "kind")
+        self._text(attrs, "agentrt.approval.reason", p, "reason")
+        self._str(attrs, "agentrt.approval.hash", p, "hash")
+        self._text(attrs, "agentrt.approval.capability", p, "capability")
+        self._text(attrs, "agentrt.approval.presentation", p, "presentation")
+        span = _Open("agentrt.approval", e.run_id, span_id("approval", approval_id),
+                     span_id("step", e.step_id), _INTERNAL, at, attrs)
+        st.approvals[approval_id] = (span, e.step_id)
+
+    def _approval_decided(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        st = self._state(e.run_id)
+        approval_id = p.string("approval_id")
+        entry = st.approvals.pop(approval_id, None)
+        if entry is not None:
+            span = entry[0]
+        else:
+            decided_before = approval_id in st.ended_approvals
+            stored = None if decided_before else self._lookups.approval(e.run_id, approval_id)
+            if stored is not None and stored.decided_at is not None:
+                decided_before = event_time_ns(stored.decided_at) < at
+            if decided_before:  # a spent grant expiring: docstring, 3
+                step = self._ensure_step(st, e.step_id, at).span
+                attrs = self._truncated({"agentrt.approval.id": approval_id}, p)
+                self._decision_attrs(attrs, p)
+                step.events.append(SpanEventRecord(e.type, at, attrs))
+                return
+            attrs = {_RUN_ID: e.run_id, _STEP_ID: e.step_id}
+            if approval_id:
+                attrs["agentrt.approval.id"] = approval_id
+            start = self._lookups.approval_start(stored, attrs) if stored is not None else None
+            if start is None:
+                start = at
+                attrs[_START_UNKNOWN] = True
+            span = _Open("agentrt.approval", e.run_id, span_id("approval", approval_id),
+                         span_id("step", e.step_id), _INTERNAL, start, attrs)
+        self._decision_attrs(self._truncated(span.attrs, p), p)
+        st.ended_approvals.add(approval_id)
+        self._finish(span, at, out)
+
+    def _decision_attrs(self, attrs: Attrs, p: Payload) -> None:
+        self._str(attrs, "agentrt.approval.status", p, "status")
+        self._str(attrs, "agentrt.approval.by", p, "by")
+        self._text(attrs, "agentrt.approval.note", p, "note")
+
+    # -- model calls --------------------------------------------------------
+
+    def _model_attrs(self, attrs: Attrs, e: Event, p: Payload) -> Attrs:
+        attrs[_RUN_ID] = e.run_id
+        attrs[_STEP_ID] = e.step_id
+        self._str(attrs, "agentrt.model.call_id", p, "call_id")
+        self._num(attrs, "agentrt.model.attempt", p, "attempt")
+        self._str(attrs, "agentrt.model.name", p, "model")
+        return attrs
+
+    def _model_dispatched(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        st = self._state(e.run_id)
+        call_id = p.string("call_id")
+        if call_id in st.models:
+            return
+        attrs = self._model_attrs(self._truncated({}, p), e, p)
+        st.models[call_id] = _Open("agentrt.model", e.run_id, span_id("model", call_id),
+                                   span_id("step", e.step_id), _CLIENT, at, attrs)
+
+    def _model_result(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        call_id = p.string("call_id")
+        st = self._runs.get(e.run_id)
+        span = st.models.pop(call_id, None) if st is not None else None
+        if span is None:
+            finished = self._finished.get(e.run_id)
+            if finished is not None:
+                span = finished.models.pop(call_id, None)
+        if span is None:
+            latency = p.integer("latency_ms")
+            start = at if latency is None else min(at - latency * 1_000_000, at)
+            attrs = self._model_attrs({}, e, p)
+            span = _Open("agentrt.model", e.run_id, span_id("model", call_id),
+                         span_id("step", e.step_id), _CLIENT, start, attrs)
+        attrs = self._truncated(span.attrs, p)
+        status = p.string("status")
+        self._str(attrs, "agentrt.model.status", p, "status")
+        usage = p.member("usage") or Payload(None, {}, None)
+        for key in ("input_tokens", "output_tokens", "cached_input_tokens"):
+            value = usage.strict_int(key)
+            attrs["agentrt.model." + key] = value if isinstance(value, int) else 0
+        self._num(attrs, "agentrt.model.cost_micros", p, "cost_micros")
+        self._num(attrs, "agentrt.model.latency_ms", p, "latency_ms")
+        if e.type == EventType.MODEL_FAILED:
+            self._text(attrs, "agentrt.model.error", p, "error")
+            span.status_code = StatusCode.ERROR
+            span.status_description = status
+        self._finish(span, at, out)
+
+    # -- anything else ------------------------------------------------------
+
+    def _unknown(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        """A type this build does not know: an event on the open run span, or
+        a zero-length span of its own (a finished run is never reopened)."""
+        st = self._runs.get(e.run_id)
+        if st is not None and st.run is not None:
+            st.run.events.append(SpanEventRecord(e.type, at, self._truncated({}, p)))
+            return
+        self._event_span(e, p, at, out)
+
+    def _event_span(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        attrs = self._truncated({}, p)
+        attrs[_RUN_ID] = e.run_id
+        attrs["agentrt.event.type"] = e.type
+        attrs["agentrt.event.seq"] = e.seq
+        if e.step_id:
+            attrs[_STEP_ID] = e.step_id
+        span = _Open("agentrt.event", e.run_id, span_id("event", str(e.seq)),
+                     span_id("run", e.run_id), _INTERNAL, at, attrs)
+        self._finish(span, at, out)
