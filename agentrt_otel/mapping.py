@@ -251,6 +251,11 @@ class SpanMapper:
         return len(self._runs)
 
     @property
+    def remembered_runs(self) -> int:
+        """Finished runs remembered (at most ``finished_runs``)."""
+        return len(self._finished)
+
+    @property
     def open_spans(self) -> int:
         """Spans started and not yet ended (pending model calls included)."""
         n = sum(
