@@ -113,6 +113,8 @@ class OTelSink:
         self._pending: list[list[ReadableSpan]] = []
         self._mapped_seq = 0
         self._exported = 0
+        self._failures = 0  # failed attempts of the current outage
+        self._outage_began = 0.0
         self._lock = threading.Lock()  # one page at a time
         self._close_lock = threading.Lock()
         self._closed = False
@@ -168,28 +170,29 @@ class OTelSink:
         return result is SpanExportResult.SUCCESS, "the exporter reported FAILURE"
 
     def _send(self) -> None:
-        failures = 0
-        began = 0.0
+        """Send pending batches in order until none is left. One outage logs
+        one line when it begins and one when the collector recovers."""
         while self._pending:
             batch = self._pending[0]
             ok, why = self._attempt(batch)
             if ok:
                 self._pending.pop(0)
                 self._exported += len(batch)
-                if failures:
+                if self._failures:
                     _log.warning("otel: the collector accepted spans again after %d failed "
-                                 "attempts over %.1f s", failures, time.monotonic() - began)
-                    failures = 0
+                                 "attempts over %.1f s", self._failures,
+                                 time.monotonic() - self._outage_began)
+                    self._failures = 0
                 continue
-            if not failures:
-                began = time.monotonic()
+            if not self._failures:
+                self._outage_began = time.monotonic()
                 _log.warning("otel: exporting %d spans failed (%s); retrying with backoff, "
                              "the cursor stays before this page", len(batch), why)
-            delay = self._backoff.delay(failures)
-            failures += 1
+            delay = self._backoff.delay(self._failures)
+            self._failures += 1
             if self._stop.is_set() or self._closed or self._stop.wait(delay):
                 raise ExportStopped(f"{self.pending} spans were not accepted after "
-                                    f"{failures} attempts")
+                                    f"{self._failures} attempts")
 
     def close(self) -> None:
         """Stop and shut the exporter down; safe to call twice, from any thread."""

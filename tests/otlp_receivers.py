@@ -147,12 +147,12 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignor
 class GrpcReceiver(_Collected):
     """``TraceService/Export`` over gRPC (grpcio) on 127.0.0.1."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         super().__init__()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(self),
                                                                   self._server)
-        self.port = self._server.add_insecure_port("127.0.0.1:0")
+        self.port = self._server.add_insecure_port(f"127.0.0.1:{port}")
         self.endpoint = f"http://127.0.0.1:{self.port}"
 
     def __enter__(self) -> GrpcReceiver:
@@ -200,15 +200,16 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _HttpServer(ThreadingHTTPServer):
     daemon_threads = True
+    allow_reuse_address = True
     collected: _Collected
 
 
 class HttpReceiver(_Collected):
     """``POST /v1/traces`` (OTLP/HTTP, protobuf) on 127.0.0.1."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         super().__init__()
-        self._server = _HttpServer(("127.0.0.1", 0), _Handler)
+        self._server = _HttpServer(("127.0.0.1", port), _Handler)
         self._server.collected = self
         self.port = self._server.server_address[1]
         self.base = f"http://127.0.0.1:{self.port}"
