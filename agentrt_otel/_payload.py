@@ -22,8 +22,16 @@ from typing import Any
 import orjson
 
 from agentrt.gojson import raw_members
+from agentrt_otel.text import truncate
 
-__all__ = ["Payload"]
+__all__ = ["FLAG", "NUM", "STR", "TEXT", "Field", "Payload"]
+
+#: How a field becomes an attribute: its string (set when non-empty), the same
+#: cut to ``max_text`` bytes, an int64 (set when the text is one), or ``true``.
+STR, TEXT, NUM, FLAG = 0, 1, 2, 3
+
+#: (payload field, attribute key, one of STR / TEXT / NUM / FLAG)
+Field = tuple[str, str, int]
 
 _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
@@ -38,6 +46,19 @@ def _clean(s: str) -> str:
     """Lone surrogates (from ``\\ud800`` escapes) become U+FFFD, as Go decodes
     them; an attribute must be valid UTF-8 to be encoded."""
     return _SURROGATE.sub("\ufffd", s) if _SURROGATE.search(s) else s
+
+
+def _member_text(data: bytes, key: str, text: bytes) -> bool:
+    """Whether ``"key":text`` is the object's last member of that key, or is
+    followed by a comma that starts the next member (so it is not a prefix
+    of a longer value)."""
+    needle = orjson.dumps(key) + b":" + text
+    at = data.rfind(needle)
+    if at < 0:
+        return False
+    end = at + len(needle)
+    follow = data[end:end + 1]
+    return follow in (b",", b"}") and data.count(needle) == 1
 
 
 def _is_int64(v: object) -> bool:
@@ -90,8 +111,22 @@ class Payload:
 
     def raw(self, key: str) -> bytes | None:
         """The exact JSON text of a field, or None when absent."""
-        if self._values is not None and key not in self._values:
-            return None
+        values = self._values
+        if values is not None:
+            if key not in values:
+                return None
+            data = self._data
+            if data is not None and self._raw is None:
+                # Fast path: the runtime writes compact JSON, so the value's
+                # text is usually what orjson writes for it. It is used only
+                # when the payload holds exactly that text after the key at
+                # the top level; else the exact scan below decides.
+                try:
+                    text = orjson.dumps(values[key])
+                except TypeError:
+                    text = b""
+                if text and _member_text(data, key, text):
+                    return text
         return self._raw_members().get(key)
 
     def has(self, key: str) -> bool:
@@ -175,9 +210,48 @@ class Payload:
             return key in self._values and self._values[key] is None
         return self._raw_members().get(key) == b"null"
 
+    def apply(self, attrs: dict[str, str | int | bool], fields: tuple[Field, ...],
+              max_text: int) -> None:
+        """Set the attribute of each field that yields one (the hot path of
+        the mapping: one loop over the decoded values, no call per field)."""
+        values = self._values
+        for field, key, kind in fields:
+            if values is not None:
+                v = values.get(field)
+                if v is None:
+                    continue
+                if kind == NUM:
+                    if _is_int64(v):
+                        attrs[key] = v
+                    continue
+                if kind == FLAG:
+                    if v is True:
+                        attrs[key] = True
+                    continue
+                text = v if type(v) is str else self.string(field)
+            elif kind == NUM:
+                n = self.integer(field)
+                if n is not None:
+                    attrs[key] = n
+                continue
+            elif kind == FLAG:
+                if self.is_true(field):
+                    attrs[key] = True
+                continue
+            else:
+                text = self.string(field)
+            if text:
+                attrs[key] = truncate(text, max_text) if kind == TEXT else text
+
     def truncated_length(self) -> int | None:
         """``length`` of a page read's truncation object (``{"truncated":true,
         "length":N,"head":...}``), or None for an ordinary payload."""
+        values = self._values
+        if values is not None:
+            if values.get("truncated") is not True:
+                return None
+            n = values.get("length")
+            return n if _is_int64(n) else None
         if not self.is_true("truncated"):
             return None
         return self.integer("length")

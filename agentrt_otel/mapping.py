@@ -64,7 +64,7 @@ from functools import lru_cache
 from opentelemetry.trace import SpanKind, StatusCode
 
 from agentrt.events import Event, EventType
-from agentrt_otel._payload import BAD, Payload
+from agentrt_otel._payload import BAD, FLAG, NUM, STR, TEXT, Field, Payload
 from agentrt_otel._restart import Lookups, event_time_ns, limit_attributes, open_at_run_end
 from agentrt_otel.ids import span_id, trace_id
 from agentrt_otel.records import (
@@ -98,6 +98,105 @@ _START_UNKNOWN = "agentrt.span.start_unknown"
 def _trace_id(run_id: str) -> int:
     """Trace ids are asked for once per finished span; most runs have many."""
     return trace_id(run_id)
+
+
+@lru_cache(maxsize=16384)
+def _span_id(kind: str, id: str) -> int:
+    """A run's or step's span id is derived again for each of its children."""
+    return span_id(kind, id)
+
+
+# What each event sets, as (payload field, attribute key, how): spec 3.5.
+_RESUMED: tuple[Field, ...] = (
+    ("approval_id", "agentrt.approval.id", STR),
+    ("after", "agentrt.resumed.after", STR),
+)
+_LEASE: tuple[Field, ...] = (
+    ("previous_owner", "agentrt.lease.previous_owner", STR),
+    ("previous_expires_at", "agentrt.lease.previous_expires_at", STR),
+    ("owner", "agentrt.lease.owner", STR),
+)
+_LIMIT: tuple[Field, ...] = (
+    ("reason", "agentrt.limit.reason", STR),
+    ("detail", "agentrt.limit.detail", TEXT),
+)
+_LOOP: tuple[Field, ...] = (
+    ("repeats", "agentrt.loop.repeats", NUM),
+    ("tool", "agentrt.loop.tool", STR),
+    ("args_hash", "agentrt.loop.args_hash", STR),
+    ("observation_hash", "agentrt.loop.observation_hash", STR),
+)
+_RUN_END: tuple[Field, ...] = (
+    ("reason", "agentrt.run.reason", STR),
+    ("detail", "agentrt.run.detail", TEXT),
+    ("steps", "agentrt.run.steps", NUM),
+    ("by", "agentrt.run.by", STR),
+)
+_CANCELLED: tuple[Field, ...] = (
+    ("reason", "agentrt.run.reason", STR),
+    ("by", "agentrt.run.by", STR),
+    ("detail", "agentrt.run.detail", TEXT),
+)
+_STEP_START: tuple[Field, ...] = (("index", "agentrt.step.index", NUM),)
+_DECISION: tuple[Field, ...] = (
+    ("kind", "agentrt.decision.kind", STR),
+    ("tool", "agentrt.decision.tool", TEXT),
+    ("args", "agentrt.decision.args", TEXT),
+    ("reason", "agentrt.decision.reason", TEXT),
+    ("result", "agentrt.decision.result", TEXT),
+    ("message", "agentrt.decision.message", TEXT),
+    ("invalid_args", "agentrt.decision.invalid_args", TEXT),
+    ("invalid_result", "agentrt.decision.invalid_result", TEXT),
+    ("invalid_base64", "agentrt.decision.invalid_base64", FLAG),
+    ("origin", "agentrt.decision.origin", STR),
+)
+_POLICY: tuple[Field, ...] = (
+    ("outcome", "agentrt.policy.outcome", STR),
+    ("reason", "agentrt.policy.reason", TEXT),
+    ("kind", "agentrt.policy.kind", STR),
+    ("policy_id", "agentrt.policy.id", STR),
+    ("spec_hash", "agentrt.policy.spec_hash", STR),
+)
+_TOOL_NAME: tuple[Field, ...] = (("tool", "agentrt.tool.name", STR),)
+_TOOL_APPROVAL: tuple[Field, ...] = (("approval_id", "agentrt.approval.id", STR),)
+_TOOL: tuple[Field, ...] = (
+    ("tool", "agentrt.tool.name", STR),
+    ("duration_ms", "agentrt.tool.duration_ms", NUM),
+    ("summary", "agentrt.tool.summary", TEXT),
+    ("content_hash", "agentrt.tool.content_hash", STR),
+)
+_TOOL_ERROR: tuple[Field, ...] = (("error", "agentrt.tool.error", TEXT),)
+_LATE: tuple[Field, ...] = (("observation", "agentrt.tool.observation", TEXT),)
+_STEP_FAILED: tuple[Field, ...] = (
+    ("detail", "agentrt.step.detail", TEXT),
+    ("observation", "agentrt.step.observation", STR),
+    ("content_hash", "agentrt.step.content_hash", STR),
+)
+_APPROVAL_NOTE: tuple[Field, ...] = (("kind", "agentrt.approval.kind", STR),)
+_APPROVAL: tuple[Field, ...] = (
+    ("approval_id", "agentrt.approval.id", STR),
+    ("kind", "agentrt.approval.kind", STR),
+    ("reason", "agentrt.approval.reason", TEXT),
+    ("hash", "agentrt.approval.hash", STR),
+    ("capability", "agentrt.approval.capability", TEXT),
+    ("presentation", "agentrt.approval.presentation", TEXT),
+)
+_DECIDED: tuple[Field, ...] = (
+    ("status", "agentrt.approval.status", STR),
+    ("by", "agentrt.approval.by", STR),
+    ("note", "agentrt.approval.note", TEXT),
+)
+_MODEL: tuple[Field, ...] = (
+    ("call_id", "agentrt.model.call_id", STR),
+    ("attempt", "agentrt.model.attempt", NUM),
+    ("model", "agentrt.model.name", STR),
+)
+_MODEL_RESULT: tuple[Field, ...] = (
+    ("status", "agentrt.model.status", STR),
+    ("cost_micros", "agentrt.model.cost_micros", NUM),
+    ("latency_ms", "agentrt.model.latency_ms", NUM),
+)
+_MODEL_ERROR: tuple[Field, ...] = (("error", "agentrt.model.error", TEXT),)
 
 
 class _Open:
@@ -301,17 +400,9 @@ class SpanMapper:
         if value:
             attrs[key] = truncate(value, self._max_text)
 
-    @staticmethod
-    def _str(attrs: Attrs, key: str, p: Payload, field: str) -> None:
-        value = p.string(field)
-        if value:
-            attrs[key] = value
-
-    @staticmethod
-    def _num(attrs: Attrs, key: str, p: Payload, field: str) -> None:
-        value = p.integer(field)
-        if value is not None:
-            attrs[key] = value
+    def _set(self, attrs: Attrs, p: Payload, fields: tuple[Field, ...]) -> Attrs:
+        p.apply(attrs, fields, self._max_text)
+        return attrs
 
     @staticmethod
     def _truncated(attrs: Attrs, p: Payload) -> Attrs:
@@ -323,21 +414,11 @@ class SpanMapper:
     def _finish(self, span: _Open, end_ns: int, out: list[SpanRecord]) -> None:
         attrs = span.attrs
         add_semantic_attributes(span.name, attrs, span.run_id)
-        out.append(
-            SpanRecord(
-                name=span.name,
-                trace_id=_trace_id(span.run_id),
-                span_id=span.span_id,
-                parent_span_id=span.parent_id,
-                kind=span.kind,
-                start_ns=span.start_ns,
-                end_ns=end_ns,
-                attributes=attrs,
-                events=tuple(span.events),
-                status_code=span.status_code,
-                status_description=span.status_description,
-            )
-        )
+        out.append(SpanRecord(
+            span.name, _trace_id(span.run_id), span.span_id, span.parent_id, span.kind,
+            span.start_ns, end_ns, attrs, tuple(span.events), span.status_code,
+            span.status_description,
+        ))
 
     @staticmethod
     def _after_end(event: Event, p: Payload) -> bool:
@@ -367,14 +448,14 @@ class SpanMapper:
         if start is None:
             start = at
             attrs[_START_UNKNOWN] = True
-        st.run = _Open("agentrt.run", st.run_id, span_id("run", st.run_id), None, _INTERNAL,
+        st.run = _Open("agentrt.run", st.run_id, _span_id("run", st.run_id), None, _INTERNAL,
                        start, attrs)
         return st.run
 
     def _new_step(self, st: _Run, step_id: str, start: int, attrs: Attrs,
                   interrupted: bool = False) -> _Step:
-        span = _Open("agentrt.step", st.run_id, span_id("step", step_id),
-                     span_id("run", st.run_id), _INTERNAL, start, attrs)
+        span = _Open("agentrt.step", st.run_id, _span_id("step", step_id),
+                     _span_id("run", st.run_id), _INTERNAL, start, attrs)
         step = st.steps[step_id] = _Step(span, interrupted)
         return step
 
@@ -420,7 +501,7 @@ class SpanMapper:
         attrs[_RUN_ID] = e.run_id
         self._text(attrs, "agentrt.run.goal", p, "goal")
         self._limits(attrs, p)
-        st.run = _Open("agentrt.run", e.run_id, span_id("run", e.run_id), None, _INTERNAL, at,
+        st.run = _Open("agentrt.run", e.run_id, _span_id("run", e.run_id), None, _INTERNAL, at,
                        attrs)
 
     @staticmethod
@@ -470,31 +551,16 @@ class SpanMapper:
         self._run_event(e, p, at, _NO_ATTRS)
 
     def _run_resumed(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
-        attrs = self._truncated({}, p)
-        self._str(attrs, "agentrt.approval.id", p, "approval_id")
-        self._str(attrs, "agentrt.resumed.after", p, "after")
-        self._run_event(e, p, at, attrs)
+        self._run_event(e, p, at, self._set(self._truncated({}, p), p, _RESUMED))
 
     def _lease_taken_over(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
-        attrs = self._truncated({}, p)
-        self._str(attrs, "agentrt.lease.previous_owner", p, "previous_owner")
-        self._str(attrs, "agentrt.lease.previous_expires_at", p, "previous_expires_at")
-        self._str(attrs, "agentrt.lease.owner", p, "owner")
-        self._run_event(e, p, at, attrs)
+        self._run_event(e, p, at, self._set(self._truncated({}, p), p, _LEASE))
 
     def _limit_exceeded(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
-        attrs = self._truncated({}, p)
-        self._str(attrs, "agentrt.limit.reason", p, "reason")
-        self._text(attrs, "agentrt.limit.detail", p, "detail")
-        self._run_event(e, p, at, attrs)
+        self._run_event(e, p, at, self._set(self._truncated({}, p), p, _LIMIT))
 
     def _loop_detected(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
-        attrs = self._truncated({}, p)
-        self._num(attrs, "agentrt.loop.repeats", p, "repeats")
-        self._str(attrs, "agentrt.loop.tool", p, "tool")
-        self._str(attrs, "agentrt.loop.args_hash", p, "args_hash")
-        self._str(attrs, "agentrt.loop.observation_hash", p, "observation_hash")
-        self._run_event(e, p, at, attrs)
+        self._run_event(e, p, at, self._set(self._truncated({}, p), p, _LOOP))
 
     def _run_finished(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
         st = self._state(e.run_id)
@@ -520,20 +586,14 @@ class SpanMapper:
                            out)
         attrs = self._truncated(run.attrs, p)
         attrs["agentrt.run.status"] = status
-        self._str(attrs, "agentrt.run.reason", p, "reason")
-        self._text(attrs, "agentrt.run.detail", p, "detail")
-        self._num(attrs, "agentrt.run.steps", p, "steps")
-        self._str(attrs, "agentrt.run.by", p, "by")
+        self._set(attrs, p, _RUN_END)
         if status == "COMPLETED":
             run.status_code = StatusCode.OK
         elif status == "FAILED":
             run.status_code = StatusCode.ERROR
             run.status_description = p.string("reason")
         elif status == "CANCELLED":
-            cancelled: Attrs = {}
-            self._str(cancelled, "agentrt.run.reason", p, "reason")
-            self._str(cancelled, "agentrt.run.by", p, "by")
-            self._text(cancelled, "agentrt.run.detail", p, "detail")
+            cancelled = self._set({}, p, _CANCELLED)
             run.events.append(SpanEventRecord("run.cancelled", at, cancelled))
         self._finish(run, at, out)
         st.run = None
@@ -575,47 +635,23 @@ class SpanMapper:
         attrs = self._truncated({}, p)
         attrs[_RUN_ID] = e.run_id
         attrs[_STEP_ID] = e.step_id
-        self._num(attrs, "agentrt.step.index", p, "index")
+        self._set(attrs, p, _STEP_START)
         self._new_step(st, e.step_id, at, attrs)
 
     def _step_decided(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
         span = self._ensure_step(self._state(e.run_id), e.step_id, at).span
-        attrs = self._truncated(span.attrs, p)
-        self._str(attrs, "agentrt.decision.kind", p, "kind")
-        self._text(attrs, "agentrt.decision.tool", p, "tool")
-        self._text(attrs, "agentrt.decision.args", p, "args")
-        self._text(attrs, "agentrt.decision.reason", p, "reason")
-        self._text(attrs, "agentrt.decision.result", p, "result")
-        self._text(attrs, "agentrt.decision.message", p, "message")
-        self._text(attrs, "agentrt.decision.invalid_args", p, "invalid_args")
-        self._text(attrs, "agentrt.decision.invalid_result", p, "invalid_result")
-        if p.is_true("invalid_base64"):
-            attrs["agentrt.decision.invalid_base64"] = True
-        self._str(attrs, "agentrt.decision.origin", p, "origin")
+        self._set(self._truncated(span.attrs, p), p, _DECISION)
         span.events.append(SpanEventRecord(e.type, at, _NO_ATTRS))
 
     def _step_policy(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
         span = self._ensure_step(self._state(e.run_id), e.step_id, at).span
-        attrs = self._truncated(span.attrs, p)
-        self._str(attrs, "agentrt.policy.outcome", p, "outcome")
-        self._text(attrs, "agentrt.policy.reason", p, "reason")
-        self._str(attrs, "agentrt.policy.kind", p, "kind")
-        self._str(attrs, "agentrt.policy.id", p, "policy_id")
-        self._str(attrs, "agentrt.policy.spec_hash", p, "spec_hash")
+        self._set(self._truncated(span.attrs, p), p, _POLICY)
         span.events.append(SpanEventRecord(e.type, at, _NO_ATTRS))
 
     def _tool_started(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
         span = self._ensure_step(self._state(e.run_id), e.step_id, at).span
-        self._str(self._truncated(span.attrs, p), "agentrt.tool.name", p, "tool")
-        attrs: Attrs = {}
-        self._str(attrs, "agentrt.approval.id", p, "approval_id")
-        span.events.append(SpanEventRecord(e.type, at, attrs))
-
-    def _tool_attrs(self, attrs: Attrs, p: Payload) -> None:
-        self._str(attrs, "agentrt.tool.name", p, "tool")
-        self._num(attrs, "agentrt.tool.duration_ms", p, "duration_ms")
-        self._text(attrs, "agentrt.tool.summary", p, "summary")
-        self._str(attrs, "agentrt.tool.content_hash", p, "content_hash")
+        self._set(self._truncated(span.attrs, p), p, _TOOL_NAME)
+        span.events.append(SpanEventRecord(e.type, at, self._set({}, p, _TOOL_APPROVAL)))
 
     def _tool_finished(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
         duration = p.integer("duration_ms")
@@ -625,33 +661,28 @@ class SpanMapper:
             return
         st = self._state(e.run_id)
         span = self._ensure_step(st, e.step_id, at, implied).span
-        attrs = self._truncated(span.attrs, p)
-        self._tool_attrs(attrs, p)
+        attrs = self._set(self._truncated(span.attrs, p), p, _TOOL)
         if p.has("error"):
-            self._text(attrs, "agentrt.tool.error", p, "error")
+            self._set(attrs, p, _TOOL_ERROR)
             return  # step.failed follows in the same transaction and ends the step
         self._end_step(st, e.step_id, at, "step.tool_finished", "done", out)
 
     def _late_tool(self, e: Event, p: Payload, at: int, implied: int | None,
                    out: list[SpanRecord]) -> None:
         """A cancelled run's tool outcome: its own span, touching nothing open."""
-        attrs = self._truncated({}, p)
-        self._tool_attrs(attrs, p)
+        attrs = self._set(self._truncated({}, p), p, _TOOL)
         attrs[_RUN_ID] = e.run_id
         attrs[_STEP_ID] = e.step_id
-        self._text(attrs, "agentrt.tool.observation", p, "observation")
+        self._set(attrs, p, _LATE)
         start = at if implied is None else min(implied, at)
-        span = _Open("agentrt.tool.late", e.run_id, span_id("late", e.step_id),
-                     span_id("step", e.step_id), _INTERNAL, start, attrs)
+        span = _Open("agentrt.tool.late", e.run_id, _span_id("late", e.step_id),
+                     _span_id("step", e.step_id), _INTERNAL, start, attrs)
         self._finish(span, at, out)
 
     def _step_failed(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
         st = self._state(e.run_id)
         span = self._ensure_step(st, e.step_id, at).span
-        attrs = self._truncated(span.attrs, p)
-        self._text(attrs, "agentrt.step.detail", p, "detail")
-        self._str(attrs, "agentrt.step.observation", p, "observation")
-        self._str(attrs, "agentrt.step.content_hash", p, "content_hash")
+        self._set(self._truncated(span.attrs, p), p, _STEP_FAILED)
         span.status_code = StatusCode.ERROR
         span.status_description = p.string("observation")
         self._end_step(st, e.step_id, at, "step.failed", "failed", out)
@@ -673,22 +704,16 @@ class SpanMapper:
         st = self._state(e.run_id)
         step = self._ensure_step(st, e.step_id, at).span
         approval_id = p.string("approval_id")
-        note: Attrs = {"agentrt.approval.id": approval_id}
-        self._str(note, "agentrt.approval.kind", p, "kind")
+        note = self._set({"agentrt.approval.id": approval_id}, p, _APPROVAL_NOTE)
         step.events.append(SpanEventRecord(e.type, at, note))
         if approval_id in st.approvals:
             return
         attrs = self._truncated({}, p)
         attrs[_RUN_ID] = e.run_id
         attrs[_STEP_ID] = e.step_id
-        self._str(attrs, "agentrt.approval.id", p, "approval_id")
-        self._str(attrs, "agentrt.approval.kind", p, "kind")
-        self._text(attrs, "agentrt.approval.reason", p, "reason")
-        self._str(attrs, "agentrt.approval.hash", p, "hash")
-        self._text(attrs, "agentrt.approval.capability", p, "capability")
-        self._text(attrs, "agentrt.approval.presentation", p, "presentation")
-        span = _Open("agentrt.approval", e.run_id, span_id("approval", approval_id),
-                     span_id("step", e.step_id), _INTERNAL, at, attrs)
+        self._set(attrs, p, _APPROVAL)
+        span = _Open("agentrt.approval", e.run_id, _span_id("approval", approval_id),
+                     _span_id("step", e.step_id), _INTERNAL, at, attrs)
         st.approvals[approval_id] = (span, e.step_id)
 
     def _approval_decided(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
@@ -715,26 +740,21 @@ class SpanMapper:
             if start is None:
                 start = at
                 attrs[_START_UNKNOWN] = True
-            span = _Open("agentrt.approval", e.run_id, span_id("approval", approval_id),
-                         span_id("step", e.step_id), _INTERNAL, start, attrs)
+            span = _Open("agentrt.approval", e.run_id, _span_id("approval", approval_id),
+                         _span_id("step", e.step_id), _INTERNAL, start, attrs)
         self._decision_attrs(self._truncated(span.attrs, p), p)
         st.ended_approvals.add(approval_id)
         self._finish(span, at, out)
 
     def _decision_attrs(self, attrs: Attrs, p: Payload) -> None:
-        self._str(attrs, "agentrt.approval.status", p, "status")
-        self._str(attrs, "agentrt.approval.by", p, "by")
-        self._text(attrs, "agentrt.approval.note", p, "note")
+        self._set(attrs, p, _DECIDED)
 
     # -- model calls --------------------------------------------------------
 
     def _model_attrs(self, attrs: Attrs, e: Event, p: Payload) -> Attrs:
         attrs[_RUN_ID] = e.run_id
         attrs[_STEP_ID] = e.step_id
-        self._str(attrs, "agentrt.model.call_id", p, "call_id")
-        self._num(attrs, "agentrt.model.attempt", p, "attempt")
-        self._str(attrs, "agentrt.model.name", p, "model")
-        return attrs
+        return self._set(attrs, p, _MODEL)
 
     def _model_dispatched(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
         st = self._state(e.run_id)
@@ -742,8 +762,8 @@ class SpanMapper:
         if call_id in st.models:
             return
         attrs = self._model_attrs(self._truncated({}, p), e, p)
-        st.models[call_id] = _Open("agentrt.model", e.run_id, span_id("model", call_id),
-                                   span_id("step", e.step_id), _CLIENT, at, attrs)
+        st.models[call_id] = _Open("agentrt.model", e.run_id, _span_id("model", call_id),
+                                   _span_id("step", e.step_id), _CLIENT, at, attrs)
 
     def _model_result(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
         call_id = p.string("call_id")
@@ -757,19 +777,18 @@ class SpanMapper:
             latency = p.integer("latency_ms")
             start = at if latency is None else min(at - latency * 1_000_000, at)
             attrs = self._model_attrs({}, e, p)
-            span = _Open("agentrt.model", e.run_id, span_id("model", call_id),
-                         span_id("step", e.step_id), _CLIENT, start, attrs)
+            span = _Open("agentrt.model", e.run_id, _span_id("model", call_id),
+                         _span_id("step", e.step_id), _CLIENT, start, attrs)
         attrs = self._truncated(span.attrs, p)
         status = p.string("status")
-        self._str(attrs, "agentrt.model.status", p, "status")
+        self._set(attrs, p, _MODEL_RESULT[:1])
         usage = p.member("usage") or Payload(None, {}, None)
         for key in ("input_tokens", "output_tokens", "cached_input_tokens"):
             value = usage.strict_int(key)
             attrs["agentrt.model." + key] = value if isinstance(value, int) else 0
-        self._num(attrs, "agentrt.model.cost_micros", p, "cost_micros")
-        self._num(attrs, "agentrt.model.latency_ms", p, "latency_ms")
+        self._set(attrs, p, _MODEL_RESULT[1:])
         if e.type == EventType.MODEL_FAILED:
-            self._text(attrs, "agentrt.model.error", p, "error")
+            self._set(attrs, p, _MODEL_ERROR)
             span.status_code = StatusCode.ERROR
             span.status_description = status
         self._finish(span, at, out)
@@ -792,6 +811,6 @@ class SpanMapper:
         attrs["agentrt.event.seq"] = e.seq
         if e.step_id:
             attrs[_STEP_ID] = e.step_id
-        span = _Open("agentrt.event", e.run_id, span_id("event", str(e.seq)),
-                     span_id("run", e.run_id), _INTERNAL, at, attrs)
+        span = _Open("agentrt.event", e.run_id, _span_id("event", str(e.seq)),
+                     _span_id("run", e.run_id), _INTERNAL, at, attrs)
         self._finish(span, at, out)

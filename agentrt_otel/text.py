@@ -22,12 +22,13 @@ def truncate(s: str, max_bytes: int) -> str:
 
     The marker says "bytes" (the store's own page cap says "characters").
     """
+    max_bytes = max(max_bytes, 0)
     if len(s) * 4 <= max_bytes:  # cannot exceed the cap whatever the characters
         return s
     data = s.encode("utf-8", "surrogatepass")
     if len(data) <= max_bytes:
         return s
-    cut = max(max_bytes, 0)
+    cut = max_bytes
     while cut > 0 and data[cut] & 0xC0 == 0x80:
         cut -= 1
     head = data[:cut].decode("utf-8", "surrogatepass")
