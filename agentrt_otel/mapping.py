@@ -46,13 +46,20 @@ Deliberate departures from the reference (each keeps restart invariance):
    span with the same id. After a restart the store tells the two apart: the
    stored decision is older than the event.
 
-Known limits of restart invariance (the store keeps no record of them):
-span events emitted before a restart are not rebuilt; a model call whose
-dispatch preceded a restart starts at completion time minus its whole
-milliseconds of latency; a step resumed after an approval restarts at its
-stored start, which the runtime moves to the resume time; a run created with
-a payload over the page cap has ``agentrt.payload.truncated`` only when its
-``run.created`` was seen.
+4. *After a restart, the last step of a run that ends* is ended with the run
+   even when this mapper saw none of its events (a completion decided just
+   before the restart): the store shows whether it was still open. The
+   reference never ends that span.
+
+Known limits of restart invariance, where the store keeps no record: span
+events emitted before a restart are not rebuilt; a step rebuilt after its
+approved resume starts at its stored start (the runtime moves it to the
+resume time) and has only the policy attributes of its latest decision (one
+pass accumulates those of every ``step.policy``); a rebuilt approval has no
+``agentrt.approval.reason``; a model call whose dispatch preceded a restart
+starts at completion time minus its whole milliseconds of latency, and one
+that never reports is not rebuilt; ``agentrt.payload.truncated`` of a
+``run.created`` over the page cap needs the event itself.
 """
 
 from __future__ import annotations
@@ -64,11 +71,35 @@ from functools import lru_cache
 from opentelemetry.trace import SpanKind, StatusCode
 
 from agentrt.events import Event, EventType
-from agentrt_otel._payload import BAD, FLAG, NUM, STR, TEXT, Field, Payload
-from agentrt_otel._restart import Lookups, event_time_ns, limit_attributes, open_at_run_end
+from agentrt_otel._fields import (
+    APPROVAL,
+    APPROVAL_NOTE,
+    CANCELLED,
+    DECIDED,
+    DECISION,
+    LATE,
+    LEASE,
+    LIMIT,
+    LOOP,
+    MODEL,
+    MODEL_ERROR,
+    MODEL_RESULT,
+    POLICY,
+    RESUMED,
+    RUN_END,
+    STEP_FAILED,
+    STEP_START,
+    TOOL,
+    TOOL_APPROVAL,
+    TOOL_ERROR,
+    TOOL_NAME,
+    decode_limits,
+)
+from agentrt_otel._payload import Field, Payload
+from agentrt_otel._restart import Lookups, event_time_ns, open_at_run_end
+from agentrt_otel._state import Attrs, Finished, OpenSpan, RunState, StepState
 from agentrt_otel.ids import span_id, trace_id
 from agentrt_otel.records import (
-    AttributeValue,
     SpanEventRecord,
     SpanRecord,
     SpanStartSource,
@@ -81,7 +112,6 @@ __all__ = ["DEFAULT_FINISHED_RUNS", "SpanMapper"]
 #: How many finished runs the mapper remembers (see the module docstring).
 DEFAULT_FINISHED_RUNS = 4096
 
-Attrs = dict[str, AttributeValue]
 
 _INTERNAL = SpanKind.INTERNAL
 _CLIENT = SpanKind.CLIENT
@@ -104,188 +134,6 @@ def _trace_id(run_id: str) -> int:
 def _span_id(kind: str, id: str) -> int:
     """A run's or step's span id is derived again for each of its children."""
     return span_id(kind, id)
-
-
-# What each event sets, as (payload field, attribute key, how): spec 3.5.
-_RESUMED: tuple[Field, ...] = (
-    ("approval_id", "agentrt.approval.id", STR),
-    ("after", "agentrt.resumed.after", STR),
-)
-_LEASE: tuple[Field, ...] = (
-    ("previous_owner", "agentrt.lease.previous_owner", STR),
-    ("previous_expires_at", "agentrt.lease.previous_expires_at", STR),
-    ("owner", "agentrt.lease.owner", STR),
-)
-_LIMIT: tuple[Field, ...] = (
-    ("reason", "agentrt.limit.reason", STR),
-    ("detail", "agentrt.limit.detail", TEXT),
-)
-_LOOP: tuple[Field, ...] = (
-    ("repeats", "agentrt.loop.repeats", NUM),
-    ("tool", "agentrt.loop.tool", STR),
-    ("args_hash", "agentrt.loop.args_hash", STR),
-    ("observation_hash", "agentrt.loop.observation_hash", STR),
-)
-_RUN_END: tuple[Field, ...] = (
-    ("reason", "agentrt.run.reason", STR),
-    ("detail", "agentrt.run.detail", TEXT),
-    ("steps", "agentrt.run.steps", NUM),
-    ("by", "agentrt.run.by", STR),
-)
-_CANCELLED: tuple[Field, ...] = (
-    ("reason", "agentrt.run.reason", STR),
-    ("by", "agentrt.run.by", STR),
-    ("detail", "agentrt.run.detail", TEXT),
-)
-_STEP_START: tuple[Field, ...] = (("index", "agentrt.step.index", NUM),)
-_DECISION: tuple[Field, ...] = (
-    ("kind", "agentrt.decision.kind", STR),
-    ("tool", "agentrt.decision.tool", TEXT),
-    ("args", "agentrt.decision.args", TEXT),
-    ("reason", "agentrt.decision.reason", TEXT),
-    ("result", "agentrt.decision.result", TEXT),
-    ("message", "agentrt.decision.message", TEXT),
-    ("invalid_args", "agentrt.decision.invalid_args", TEXT),
-    ("invalid_result", "agentrt.decision.invalid_result", TEXT),
-    ("invalid_base64", "agentrt.decision.invalid_base64", FLAG),
-    ("origin", "agentrt.decision.origin", STR),
-)
-_POLICY: tuple[Field, ...] = (
-    ("outcome", "agentrt.policy.outcome", STR),
-    ("reason", "agentrt.policy.reason", TEXT),
-    ("kind", "agentrt.policy.kind", STR),
-    ("policy_id", "agentrt.policy.id", STR),
-    ("spec_hash", "agentrt.policy.spec_hash", STR),
-)
-_TOOL_NAME: tuple[Field, ...] = (("tool", "agentrt.tool.name", STR),)
-_TOOL_APPROVAL: tuple[Field, ...] = (("approval_id", "agentrt.approval.id", STR),)
-_TOOL: tuple[Field, ...] = (
-    ("tool", "agentrt.tool.name", STR),
-    ("duration_ms", "agentrt.tool.duration_ms", NUM),
-    ("summary", "agentrt.tool.summary", TEXT),
-    ("content_hash", "agentrt.tool.content_hash", STR),
-)
-_TOOL_ERROR: tuple[Field, ...] = (("error", "agentrt.tool.error", TEXT),)
-_LATE: tuple[Field, ...] = (("observation", "agentrt.tool.observation", TEXT),)
-_STEP_FAILED: tuple[Field, ...] = (
-    ("detail", "agentrt.step.detail", TEXT),
-    ("observation", "agentrt.step.observation", STR),
-    ("content_hash", "agentrt.step.content_hash", STR),
-)
-_APPROVAL_NOTE: tuple[Field, ...] = (("kind", "agentrt.approval.kind", STR),)
-_APPROVAL: tuple[Field, ...] = (
-    ("approval_id", "agentrt.approval.id", STR),
-    ("kind", "agentrt.approval.kind", STR),
-    ("reason", "agentrt.approval.reason", TEXT),
-    ("hash", "agentrt.approval.hash", STR),
-    ("capability", "agentrt.approval.capability", TEXT),
-    ("presentation", "agentrt.approval.presentation", TEXT),
-)
-_DECIDED: tuple[Field, ...] = (
-    ("status", "agentrt.approval.status", STR),
-    ("by", "agentrt.approval.by", STR),
-    ("note", "agentrt.approval.note", TEXT),
-)
-_MODEL: tuple[Field, ...] = (
-    ("call_id", "agentrt.model.call_id", STR),
-    ("attempt", "agentrt.model.attempt", NUM),
-    ("model", "agentrt.model.name", STR),
-)
-_MODEL_RESULT: tuple[Field, ...] = (
-    ("status", "agentrt.model.status", STR),
-    ("cost_micros", "agentrt.model.cost_micros", NUM),
-    ("latency_ms", "agentrt.model.latency_ms", NUM),
-)
-_MODEL_ERROR: tuple[Field, ...] = (("error", "agentrt.model.error", TEXT),)
-
-
-class _Open:
-    """A span that has started and not yet ended."""
-
-    __slots__ = (
-        "attrs",
-        "events",
-        "kind",
-        "name",
-        "parent_id",
-        "run_id",
-        "span_id",
-        "start_ns",
-        "status_code",
-        "status_description",
-    )
-
-    def __init__(
-        self,
-        name: str,
-        run_id: str,
-        span_id_: int,
-        parent_id: int | None,
-        kind: SpanKind,
-        start_ns: int,
-        attrs: Attrs,
-    ) -> None:
-        self.name = name
-        self.run_id = run_id
-        self.span_id = span_id_
-        self.parent_id = parent_id
-        self.kind = kind
-        self.start_ns = start_ns
-        self.attrs = attrs
-        self.events: list[SpanEventRecord] = []
-        self.status_code = _UNSET
-        self.status_description = ""
-
-
-class _Step:
-    __slots__ = ("interrupted", "span")
-
-    def __init__(self, span: _Open, interrupted: bool = False) -> None:
-        self.span = span
-        self.interrupted = interrupted
-
-
-class _Run:
-    """What is open of one run."""
-
-    __slots__ = (
-        "approvals",
-        "current",
-        "ended_approvals",
-        "last_ended",
-        "models",
-        "run",
-        "run_id",
-        "seen_created",
-        "steps",
-    )
-
-    def __init__(self, run_id: str) -> None:
-        self.run_id = run_id
-        self.run: _Open | None = None
-        self.steps: dict[str, _Step] = {}
-        self.current = ""
-        self.models: dict[str, _Open] = {}
-        self.approvals: dict[str, tuple[_Open, str]] = {}
-        # Approvals whose span this mapper ended while the run was open.
-        self.ended_approvals: set[str] = set()
-        # The step this mapper ended last, and whether it saw run.created
-        # (then it has seen every event of the run and needs no store).
-        self.last_ended = ""
-        self.seen_created = False
-
-    def empty(self) -> bool:
-        return self.run is None and not self.steps and not self.models and not self.approvals
-
-
-class _Finished:
-    """A run that ended: when, and the model calls still awaiting a result."""
-
-    __slots__ = ("end_ns", "models")
-
-    def __init__(self, end_ns: int, models: dict[str, _Open]) -> None:
-        self.end_ns = end_ns
-        self.models = models
 
 
 Handler = Callable[[Event, Payload, int, list[SpanRecord]], None]
@@ -312,8 +160,8 @@ class SpanMapper:
             raise ValueError(f"otel: finished_runs {finished_runs} is negative")
         self._max_text = max_text
         self._lookups = Lookups(source, max_text)
-        self._runs: dict[str, _Run] = {}
-        self._finished: OrderedDict[str, _Finished] = OrderedDict()
+        self._runs: dict[str, RunState] = {}
+        self._finished: OrderedDict[str, Finished] = OrderedDict()
         self._finished_cap = finished_runs
         self._handlers: dict[str, Handler] = {
             EventType.RUN_CREATED: self._run_created,
@@ -389,10 +237,10 @@ class SpanMapper:
 
     # -- helpers ------------------------------------------------------------
 
-    def _state(self, run_id: str) -> _Run:
+    def _state(self, run_id: str) -> RunState:
         st = self._runs.get(run_id)
         if st is None:
-            st = self._runs[run_id] = _Run(run_id)
+            st = self._runs[run_id] = RunState(run_id)
         return st
 
     def _text(self, attrs: Attrs, key: str, p: Payload, field: str) -> None:
@@ -411,7 +259,7 @@ class SpanMapper:
             attrs[_T] = length
         return attrs
 
-    def _finish(self, span: _Open, end_ns: int, out: list[SpanRecord]) -> None:
+    def _finish(self, span: OpenSpan, end_ns: int, out: list[SpanRecord]) -> None:
         attrs = span.attrs
         add_semantic_attributes(span.name, attrs, span.run_id)
         out.append(SpanRecord(
@@ -428,9 +276,9 @@ class SpanMapper:
             return p.is_true("late")
         return t == EventType.MODEL_COMPLETED or t == EventType.MODEL_FAILED
 
-    def _remember_finished(self, run_id: str, end_ns: int, models: dict[str, _Open],
+    def _remember_finished(self, run_id: str, end_ns: int, models: dict[str, OpenSpan],
                            out: list[SpanRecord]) -> None:
-        self._finished[run_id] = _Finished(end_ns, models)
+        self._finished[run_id] = Finished(end_ns, models)
         self._finished.move_to_end(run_id)
         while len(self._finished) > self._finished_cap:
             _, old = self._finished.popitem(last=False)
@@ -440,7 +288,7 @@ class SpanMapper:
 
     # -- ensure run / step --------------------------------------------------
 
-    def _ensure_run(self, st: _Run, at: int) -> _Open:
+    def _ensure_run(self, st: RunState, at: int) -> OpenSpan:
         if st.run is not None:
             return st.run
         attrs: Attrs = {_RUN_ID: st.run_id}
@@ -448,18 +296,19 @@ class SpanMapper:
         if start is None:
             start = at
             attrs[_START_UNKNOWN] = True
-        st.run = _Open("agentrt.run", st.run_id, _span_id("run", st.run_id), None, _INTERNAL,
-                       start, attrs)
+        st.run = OpenSpan("agentrt.run", st.run_id, _span_id("run", st.run_id), None, _INTERNAL,
+                          start, attrs)
         return st.run
 
-    def _new_step(self, st: _Run, step_id: str, start: int, attrs: Attrs,
-                  interrupted: bool = False) -> _Step:
-        span = _Open("agentrt.step", st.run_id, _span_id("step", step_id),
-                     _span_id("run", st.run_id), _INTERNAL, start, attrs)
-        step = st.steps[step_id] = _Step(span, interrupted)
+    def _new_step(self, st: RunState, step_id: str, start: int, attrs: Attrs,
+                  interrupted: bool = False) -> StepState:
+        span = OpenSpan("agentrt.step", st.run_id, _span_id("step", step_id),
+                        _span_id("run", st.run_id), _INTERNAL, start, attrs)
+        step = st.steps[step_id] = StepState(span, interrupted)
         return step
 
-    def _ensure_step(self, st: _Run, step_id: str, at: int, implied: int | None = None) -> _Step:
+    def _ensure_step(self, st: RunState, step_id: str, at: int,
+                     implied: int | None = None) -> StepState:
         step = st.steps.get(step_id)
         if step is not None:
             return step
@@ -480,7 +329,7 @@ class SpanMapper:
             st.current = step_id
         return self._new_step(st, step_id, start, attrs, interrupted)
 
-    def _end_step(self, st: _Run, step_id: str, at: int, end: str, status: str,
+    def _end_step(self, st: RunState, step_id: str, at: int, end: str, status: str,
                   out: list[SpanRecord]) -> None:
         step = st.steps.pop(step_id)
         st.last_ended = step_id
@@ -500,48 +349,9 @@ class SpanMapper:
         attrs = self._truncated({}, p)
         attrs[_RUN_ID] = e.run_id
         self._text(attrs, "agentrt.run.goal", p, "goal")
-        self._limits(attrs, p)
-        st.run = _Open("agentrt.run", e.run_id, _span_id("run", e.run_id), None, _INTERNAL, at,
-                       attrs)
-
-    @staticmethod
-    def _limits(attrs: Attrs, p: Payload) -> None:
-        """``limits`` as Go decodes it into a struct: absent or of a wrong type
-        anywhere -> no attributes at all; ``null`` -> all zero."""
-        if not p.has("limits"):
-            return
-        if p.is_null("limits"):
-            limits = Payload(None, {}, None)
-        else:
-            member = p.member("limits")
-            if member is None:
-                return
-            limits = member
-        ints: dict[str, int] = {}
-        for key in (
-            "max_steps", "max_consecutive_tool_failures", "loop_threshold",
-            "max_model_calls", "max_output_tokens_per_call", "max_total_tokens",
-            "max_estimated_cost_micros", "max_active_time", "max_elapsed_time",
-            "approval_ttl", "grant_ttl",
-        ):
-            value = limits.strict_int(key)
-            if value is BAD:
-                return
-            assert isinstance(value, int)
-            ints[key] = value
-        limit_attributes(
-            attrs,
-            ints["max_steps"],
-            ints["max_consecutive_tool_failures"],
-            ints["loop_threshold"],
-            tuple((k, ints[k]) for k in (
-                "max_model_calls", "max_output_tokens_per_call", "max_total_tokens",
-                "max_estimated_cost_micros",
-            )),
-            tuple((k + "_ms", ints[k]) for k in (
-                "max_active_time", "max_elapsed_time", "approval_ttl", "grant_ttl",
-            )),
-        )
+        decode_limits(attrs, p)
+        st.run = OpenSpan("agentrt.run", e.run_id, _span_id("run", e.run_id), None, _INTERNAL, at,
+                          attrs)
 
     def _run_event(self, e: Event, p: Payload, at: int, attrs: Attrs) -> None:
         run = self._ensure_run(self._state(e.run_id), at)
@@ -551,16 +361,16 @@ class SpanMapper:
         self._run_event(e, p, at, _NO_ATTRS)
 
     def _run_resumed(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
-        self._run_event(e, p, at, self._set(self._truncated({}, p), p, _RESUMED))
+        self._run_event(e, p, at, self._set(self._truncated({}, p), p, RESUMED))
 
     def _lease_taken_over(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
-        self._run_event(e, p, at, self._set(self._truncated({}, p), p, _LEASE))
+        self._run_event(e, p, at, self._set(self._truncated({}, p), p, LEASE))
 
     def _limit_exceeded(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
-        self._run_event(e, p, at, self._set(self._truncated({}, p), p, _LIMIT))
+        self._run_event(e, p, at, self._set(self._truncated({}, p), p, LIMIT))
 
     def _loop_detected(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
-        self._run_event(e, p, at, self._set(self._truncated({}, p), p, _LOOP))
+        self._run_event(e, p, at, self._set(self._truncated({}, p), p, LOOP))
 
     def _run_finished(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
         st = self._state(e.run_id)
@@ -570,7 +380,7 @@ class SpanMapper:
             span.attrs["agentrt.approval.status"] = "pending"
             self._finish(span, at, out)
         st.approvals.clear()
-        pending: dict[str, _Open] = {}
+        pending: dict[str, OpenSpan] = {}
         for call_id, span in st.models.items():
             if status == "CANCELLED":
                 pending[call_id] = span  # its result is still to come (docstring, 2)
@@ -586,14 +396,14 @@ class SpanMapper:
                            out)
         attrs = self._truncated(run.attrs, p)
         attrs["agentrt.run.status"] = status
-        self._set(attrs, p, _RUN_END)
+        self._set(attrs, p, RUN_END)
         if status == "COMPLETED":
             run.status_code = StatusCode.OK
         elif status == "FAILED":
             run.status_code = StatusCode.ERROR
             run.status_description = p.string("reason")
         elif status == "CANCELLED":
-            cancelled = self._set({}, p, _CANCELLED)
+            cancelled = self._set({}, p, CANCELLED)
             run.events.append(SpanEventRecord("run.cancelled", at, cancelled))
         self._finish(run, at, out)
         st.run = None
@@ -602,7 +412,7 @@ class SpanMapper:
         del self._runs[e.run_id]
         self._remember_finished(e.run_id, at, pending, out)
 
-    def _rebuild_last_step(self, st: _Run, at: int) -> None:
+    def _rebuild_last_step(self, st: RunState, at: int) -> None:
         """After a restart, the run's last step may be open without this
         mapper having seen any of its events (a completion decided just before
         the restart); the store tells whether it was, so it ends here as it
@@ -635,23 +445,23 @@ class SpanMapper:
         attrs = self._truncated({}, p)
         attrs[_RUN_ID] = e.run_id
         attrs[_STEP_ID] = e.step_id
-        self._set(attrs, p, _STEP_START)
+        self._set(attrs, p, STEP_START)
         self._new_step(st, e.step_id, at, attrs)
 
     def _step_decided(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
         span = self._ensure_step(self._state(e.run_id), e.step_id, at).span
-        self._set(self._truncated(span.attrs, p), p, _DECISION)
+        self._set(self._truncated(span.attrs, p), p, DECISION)
         span.events.append(SpanEventRecord(e.type, at, _NO_ATTRS))
 
     def _step_policy(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
         span = self._ensure_step(self._state(e.run_id), e.step_id, at).span
-        self._set(self._truncated(span.attrs, p), p, _POLICY)
+        self._set(self._truncated(span.attrs, p), p, POLICY)
         span.events.append(SpanEventRecord(e.type, at, _NO_ATTRS))
 
     def _tool_started(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
         span = self._ensure_step(self._state(e.run_id), e.step_id, at).span
-        self._set(self._truncated(span.attrs, p), p, _TOOL_NAME)
-        span.events.append(SpanEventRecord(e.type, at, self._set({}, p, _TOOL_APPROVAL)))
+        self._set(self._truncated(span.attrs, p), p, TOOL_NAME)
+        span.events.append(SpanEventRecord(e.type, at, self._set({}, p, TOOL_APPROVAL)))
 
     def _tool_finished(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
         duration = p.integer("duration_ms")
@@ -661,28 +471,28 @@ class SpanMapper:
             return
         st = self._state(e.run_id)
         span = self._ensure_step(st, e.step_id, at, implied).span
-        attrs = self._set(self._truncated(span.attrs, p), p, _TOOL)
+        attrs = self._set(self._truncated(span.attrs, p), p, TOOL)
         if p.has("error"):
-            self._set(attrs, p, _TOOL_ERROR)
+            self._set(attrs, p, TOOL_ERROR)
             return  # step.failed follows in the same transaction and ends the step
         self._end_step(st, e.step_id, at, "step.tool_finished", "done", out)
 
     def _late_tool(self, e: Event, p: Payload, at: int, implied: int | None,
                    out: list[SpanRecord]) -> None:
         """A cancelled run's tool outcome: its own span, touching nothing open."""
-        attrs = self._set(self._truncated({}, p), p, _TOOL)
+        attrs = self._set(self._truncated({}, p), p, TOOL)
         attrs[_RUN_ID] = e.run_id
         attrs[_STEP_ID] = e.step_id
-        self._set(attrs, p, _LATE)
+        self._set(attrs, p, LATE)
         start = at if implied is None else min(implied, at)
-        span = _Open("agentrt.tool.late", e.run_id, _span_id("late", e.step_id),
-                     _span_id("step", e.step_id), _INTERNAL, start, attrs)
+        span = OpenSpan("agentrt.tool.late", e.run_id, _span_id("late", e.step_id),
+                        _span_id("step", e.step_id), _INTERNAL, start, attrs)
         self._finish(span, at, out)
 
     def _step_failed(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
         st = self._state(e.run_id)
         span = self._ensure_step(st, e.step_id, at).span
-        self._set(self._truncated(span.attrs, p), p, _STEP_FAILED)
+        self._set(self._truncated(span.attrs, p), p, STEP_FAILED)
         span.status_code = StatusCode.ERROR
         span.status_description = p.string("observation")
         self._end_step(st, e.step_id, at, "step.failed", "failed", out)
@@ -704,16 +514,16 @@ class SpanMapper:
         st = self._state(e.run_id)
         step = self._ensure_step(st, e.step_id, at).span
         approval_id = p.string("approval_id")
-        note = self._set({"agentrt.approval.id": approval_id}, p, _APPROVAL_NOTE)
+        note = self._set({"agentrt.approval.id": approval_id}, p, APPROVAL_NOTE)
         step.events.append(SpanEventRecord(e.type, at, note))
         if approval_id in st.approvals:
             return
         attrs = self._truncated({}, p)
         attrs[_RUN_ID] = e.run_id
         attrs[_STEP_ID] = e.step_id
-        self._set(attrs, p, _APPROVAL)
-        span = _Open("agentrt.approval", e.run_id, _span_id("approval", approval_id),
-                     _span_id("step", e.step_id), _INTERNAL, at, attrs)
+        self._set(attrs, p, APPROVAL)
+        span = OpenSpan("agentrt.approval", e.run_id, _span_id("approval", approval_id),
+                        _span_id("step", e.step_id), _INTERNAL, at, attrs)
         st.approvals[approval_id] = (span, e.step_id)
 
     def _approval_decided(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
@@ -740,21 +550,21 @@ class SpanMapper:
             if start is None:
                 start = at
                 attrs[_START_UNKNOWN] = True
-            span = _Open("agentrt.approval", e.run_id, _span_id("approval", approval_id),
-                         _span_id("step", e.step_id), _INTERNAL, start, attrs)
+            span = OpenSpan("agentrt.approval", e.run_id, _span_id("approval", approval_id),
+                            _span_id("step", e.step_id), _INTERNAL, start, attrs)
         self._decision_attrs(self._truncated(span.attrs, p), p)
         st.ended_approvals.add(approval_id)
         self._finish(span, at, out)
 
     def _decision_attrs(self, attrs: Attrs, p: Payload) -> None:
-        self._set(attrs, p, _DECIDED)
+        self._set(attrs, p, DECIDED)
 
     # -- model calls --------------------------------------------------------
 
     def _model_attrs(self, attrs: Attrs, e: Event, p: Payload) -> Attrs:
         attrs[_RUN_ID] = e.run_id
         attrs[_STEP_ID] = e.step_id
-        return self._set(attrs, p, _MODEL)
+        return self._set(attrs, p, MODEL)
 
     def _model_dispatched(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
         st = self._state(e.run_id)
@@ -762,8 +572,8 @@ class SpanMapper:
         if call_id in st.models:
             return
         attrs = self._model_attrs(self._truncated({}, p), e, p)
-        st.models[call_id] = _Open("agentrt.model", e.run_id, _span_id("model", call_id),
-                                   _span_id("step", e.step_id), _CLIENT, at, attrs)
+        st.models[call_id] = OpenSpan("agentrt.model", e.run_id, _span_id("model", call_id),
+                                      _span_id("step", e.step_id), _CLIENT, at, attrs)
 
     def _model_result(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
         call_id = p.string("call_id")
@@ -777,18 +587,18 @@ class SpanMapper:
             latency = p.integer("latency_ms")
             start = at if latency is None else min(at - latency * 1_000_000, at)
             attrs = self._model_attrs({}, e, p)
-            span = _Open("agentrt.model", e.run_id, _span_id("model", call_id),
-                         _span_id("step", e.step_id), _CLIENT, start, attrs)
+            span = OpenSpan("agentrt.model", e.run_id, _span_id("model", call_id),
+                            _span_id("step", e.step_id), _CLIENT, start, attrs)
         attrs = self._truncated(span.attrs, p)
         status = p.string("status")
-        self._set(attrs, p, _MODEL_RESULT[:1])
+        self._set(attrs, p, MODEL_RESULT[:1])
         usage = p.member("usage") or Payload(None, {}, None)
         for key in ("input_tokens", "output_tokens", "cached_input_tokens"):
             value = usage.strict_int(key)
             attrs["agentrt.model." + key] = value if isinstance(value, int) else 0
-        self._set(attrs, p, _MODEL_RESULT[1:])
+        self._set(attrs, p, MODEL_RESULT[1:])
         if e.type == EventType.MODEL_FAILED:
-            self._set(attrs, p, _MODEL_ERROR)
+            self._set(attrs, p, MODEL_ERROR)
             span.status_code = StatusCode.ERROR
             span.status_description = status
         self._finish(span, at, out)
@@ -811,6 +621,6 @@ class SpanMapper:
         attrs["agentrt.event.seq"] = e.seq
         if e.step_id:
             attrs[_STEP_ID] = e.step_id
-        span = _Open("agentrt.event", e.run_id, _span_id("event", str(e.seq)),
-                     _span_id("run", e.run_id), _INTERNAL, at, attrs)
+        span = OpenSpan("agentrt.event", e.run_id, _span_id("event", str(e.seq)),
+                        _span_id("run", e.run_id), _INTERNAL, at, attrs)
         self._finish(span, at, out)
