@@ -147,7 +147,7 @@ def _check_run_finished(spans: list[SpanRecord]) -> None:
 
 
 # (event type, context before it, the event, what it must have done)
-CASES: list[tuple[str, Callable[[EventStream], None], Callable[[EventStream], object],
+CASES: list[tuple[str, Callable[[EventStream], object], Callable[[EventStream], object],
                   Callable[[list[SpanRecord]], None]]] = [
     ("run.created", lambda s: None, lambda s: s.run_created("goal"), _check_run_created),
     ("run.started", lambda s: s.run_created(), lambda s: s.run_started(),
@@ -201,7 +201,7 @@ def test_the_case_table_covers_every_event_type() -> None:
                          ids=[c[0] for c in CASES])
 def test_each_event_type_has_its_specific_effect(
     type_: str,
-    context: Callable[[EventStream], None],
+    context: Callable[[EventStream], object],
     act: Callable[[EventStream], object],
     check: Callable[[list[SpanRecord]], None],
 ) -> None:
