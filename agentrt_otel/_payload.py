@@ -84,6 +84,8 @@ class Payload:
 
     @classmethod
     def parse(cls, data: bytes) -> Payload:
+        if data == b"{}":
+            return _EMPTY
         try:
             values = orjson.loads(data)
         except orjson.JSONDecodeError:
@@ -255,3 +257,7 @@ class Payload:
         if not self.is_true("truncated"):
             return None
         return self.integer("length")
+
+
+#: The payload of most run-level events; shared, as it never changes.
+_EMPTY = Payload(b"{}", {}, {})

@@ -12,7 +12,9 @@
     ``stop`` event, so a stop cuts it short; then ``handle_page`` raises
     :class:`ExportStopped` and the caller must *not* save its cursor for the
     page (a restart sends it again: at most one page twice). A stop that
-    comes while the collector is healthy does not interrupt the page in hand.
+    comes while the collector is healthy does not interrupt the page in hand,
+    and one that comes during an export attempt takes effect when the attempt
+    returns (within the exporter's timeout) unless :meth:`close` is called.
 
 ``close()``
     Sets ``stop`` and shuts the exporter down (idempotent; callable from
