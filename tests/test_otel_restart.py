@@ -11,7 +11,9 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import hypothesis.strategies as st
 import pytest
+from hypothesis import given, settings
 
 from agentrt.events import Event
 from agentrt.records import Decision, PolicyDecision
@@ -19,6 +21,7 @@ from agentrt.timefmt import to_unix_nanos
 from agentrt_otel import SpanMapper, SpanRecord, span_id
 from agentrt_otel.testing import (
     EventStream,
+    StreamSource,
     scenario_cancelled,
     scenario_completed,
     scenario_crash_takeover,
@@ -297,3 +300,39 @@ def test_memory_follows_open_spans_across_many_open_runs() -> None:
         mapper.map(s.run_finished("COMPLETED", "goal_completed"))
     assert (mapper.open_runs, mapper.open_spans) == (0, 0)
     assert mapper.remembered_runs == 100
+
+
+def _interleaved(order: list[int]) -> tuple[list[Event], StreamSource]:
+    streams = []
+    for i, scenario in enumerate([scenario_completed, scenario_model_retry, scenario_cancelled,
+                                  scenario_limit]):
+        s = EventStream(f"run-{i}")
+        scenario(s)
+        streams.append(s)
+    queues = [list(s.events) for s in streams]
+    merged: list[Event] = []
+    for pick in order:
+        live = [q for q in queues if q]
+        if not live:
+            break
+        merged.append(live[pick % len(live)].pop(0))
+    for q in queues:
+        merged.extend(q)
+    events = [Event(i + 1, e.run_id, e.step_id, e.at, e.type, e.payload)
+              for i, e in enumerate(merged)]
+    sources = [s.source() for s in streams]
+    source = StreamSource({k: v for src in sources for k, v in src.runs.items()},
+                          {k: v for src in sources for k, v in src.steps.items()},
+                          {k: v for src in sources for k, v in src.approvals.items()})
+    return events, source
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=3), max_size=80),
+       st.integers(min_value=1, max_value=200))
+def test_interleaved_runs_split_anywhere_give_identical_spans(order: list[int], cut: int) -> None:
+    events, source = _interleaved(order)
+    k = cut % (len(events) - 1) + 1
+    whole = sorted(map(full, SpanMapper().map_all(events)))
+    got = SpanMapper().map_all(events[:k]) + SpanMapper(source).map_all(events[k:])
+    assert sorted(map(full, got)) == whole

@@ -5,6 +5,7 @@ from __future__ import annotations
 from opentelemetry.trace import SpanKind, StatusCode
 
 from agentrt.events import Event
+from agentrt.records import Decision
 from agentrt.timefmt import to_unix_nanos
 from agentrt_otel import SpanMapper, SpanRecord, span_id, trace_id
 from agentrt_otel.testing import (
@@ -216,3 +217,31 @@ def test_an_unfinished_run_exports_only_what_has_ended() -> None:
     spans = mapper.map_all(s.events[:cut])
     assert [sp.name for sp in spans] == ["agentrt.step"]  # only the finished read step
     assert mapper.open_runs == 1 and mapper.open_spans == 3  # run, step, approval
+
+
+def test_the_reference_example_gives_the_pinned_ids() -> None:
+    s = EventStream("run-1")
+    s.run_created("read then finish")
+    s.run_started()
+    s.tool_step("step-1", 0, "read", summary="read it")
+    s.step_started("step-2", 1)
+    s.step_decided("step-2", Decision.complete(b'{"ok":true}'))
+    s.run_finished("COMPLETED", "goal_completed", steps=2)
+    spans = sorted(SpanMapper().map_all(s.events), key=lambda sp: (sp.start_ns, sp.name))
+    lines = [(f"{sp.trace_id:032x}", f"{sp.span_id:016x}", f"{sp.parent_span_id or 0:016x}",
+              sp.name) for sp in spans]
+    assert lines == [
+        ("93afafd5ba988f2a2bebf175c7cde8d6", "d925db6dbbd9dfb1", "0000000000000000",
+         "agentrt.run"),
+        ("93afafd5ba988f2a2bebf175c7cde8d6", "a814125d85e59b99", "d925db6dbbd9dfb1",
+         "agentrt.step"),
+        ("93afafd5ba988f2a2bebf175c7cde8d6", "02240d837b60d1a6", "d925db6dbbd9dfb1",
+         "agentrt.step"),
+    ]
+    run_span, first, second = spans
+    assert run_span.attributes["agentrt.run.status"] == "COMPLETED"
+    assert (first.attributes["agentrt.step.index"], first.attributes["agentrt.decision.tool"],
+            first.attributes["agentrt.tool.summary"], first.attributes["agentrt.step.status"]) == (
+        0, "read", "read it", "done")
+    assert second.attributes["agentrt.step.index"] == 1
+    assert "agentrt.step.status" not in second.attributes
