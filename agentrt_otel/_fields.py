@@ -1,0 +1,139 @@
+"""What each event type sets: its payload fields and their attribute keys.
+
+Tables of ``(payload field, attribute key, how)`` (spec 3.5 and the key
+catalogue of 3.9), read by :meth:`Payload.apply` in one loop per event.
+"""
+
+from __future__ import annotations
+
+from agentrt_otel._payload import BAD, FLAG, NUM, STR, TEXT, Field, Payload
+from agentrt_otel._restart import limit_attributes
+from agentrt_otel.records import AttributeValue
+
+RESUMED: tuple[Field, ...] = (
+    ("approval_id", "agentrt.approval.id", STR),
+    ("after", "agentrt.resumed.after", STR),
+)
+LEASE: tuple[Field, ...] = (
+    ("previous_owner", "agentrt.lease.previous_owner", STR),
+    ("previous_expires_at", "agentrt.lease.previous_expires_at", STR),
+    ("owner", "agentrt.lease.owner", STR),
+)
+LIMIT: tuple[Field, ...] = (
+    ("reason", "agentrt.limit.reason", STR),
+    ("detail", "agentrt.limit.detail", TEXT),
+)
+LOOP: tuple[Field, ...] = (
+    ("repeats", "agentrt.loop.repeats", NUM),
+    ("tool", "agentrt.loop.tool", STR),
+    ("args_hash", "agentrt.loop.args_hash", STR),
+    ("observation_hash", "agentrt.loop.observation_hash", STR),
+)
+RUN_END: tuple[Field, ...] = (
+    ("reason", "agentrt.run.reason", STR),
+    ("detail", "agentrt.run.detail", TEXT),
+    ("steps", "agentrt.run.steps", NUM),
+    ("by", "agentrt.run.by", STR),
+)
+CANCELLED: tuple[Field, ...] = (
+    ("reason", "agentrt.run.reason", STR),
+    ("by", "agentrt.run.by", STR),
+    ("detail", "agentrt.run.detail", TEXT),
+)
+STEP_START: tuple[Field, ...] = (("index", "agentrt.step.index", NUM),)
+DECISION: tuple[Field, ...] = (
+    ("kind", "agentrt.decision.kind", STR),
+    ("tool", "agentrt.decision.tool", TEXT),
+    ("args", "agentrt.decision.args", TEXT),
+    ("reason", "agentrt.decision.reason", TEXT),
+    ("result", "agentrt.decision.result", TEXT),
+    ("message", "agentrt.decision.message", TEXT),
+    ("invalid_args", "agentrt.decision.invalid_args", TEXT),
+    ("invalid_result", "agentrt.decision.invalid_result", TEXT),
+    ("invalid_base64", "agentrt.decision.invalid_base64", FLAG),
+    ("origin", "agentrt.decision.origin", STR),
+)
+POLICY: tuple[Field, ...] = (
+    ("outcome", "agentrt.policy.outcome", STR),
+    ("reason", "agentrt.policy.reason", TEXT),
+    ("kind", "agentrt.policy.kind", STR),
+    ("policy_id", "agentrt.policy.id", STR),
+    ("spec_hash", "agentrt.policy.spec_hash", STR),
+)
+TOOL_NAME: tuple[Field, ...] = (("tool", "agentrt.tool.name", STR),)
+TOOL_APPROVAL: tuple[Field, ...] = (("approval_id", "agentrt.approval.id", STR),)
+TOOL: tuple[Field, ...] = (
+    ("tool", "agentrt.tool.name", STR),
+    ("duration_ms", "agentrt.tool.duration_ms", NUM),
+    ("summary", "agentrt.tool.summary", TEXT),
+    ("content_hash", "agentrt.tool.content_hash", STR),
+)
+TOOL_ERROR: tuple[Field, ...] = (("error", "agentrt.tool.error", TEXT),)
+LATE: tuple[Field, ...] = (("observation", "agentrt.tool.observation", TEXT),)
+STEP_FAILED: tuple[Field, ...] = (
+    ("detail", "agentrt.step.detail", TEXT),
+    ("observation", "agentrt.step.observation", STR),
+    ("content_hash", "agentrt.step.content_hash", STR),
+)
+APPROVAL_NOTE: tuple[Field, ...] = (("kind", "agentrt.approval.kind", STR),)
+APPROVAL: tuple[Field, ...] = (
+    ("approval_id", "agentrt.approval.id", STR),
+    ("kind", "agentrt.approval.kind", STR),
+    ("reason", "agentrt.approval.reason", TEXT),
+    ("hash", "agentrt.approval.hash", STR),
+    ("capability", "agentrt.approval.capability", TEXT),
+    ("presentation", "agentrt.approval.presentation", TEXT),
+)
+DECIDED: tuple[Field, ...] = (
+    ("status", "agentrt.approval.status", STR),
+    ("by", "agentrt.approval.by", STR),
+    ("note", "agentrt.approval.note", TEXT),
+)
+MODEL: tuple[Field, ...] = (
+    ("call_id", "agentrt.model.call_id", STR),
+    ("attempt", "agentrt.model.attempt", NUM),
+    ("model", "agentrt.model.name", STR),
+)
+MODEL_RESULT: tuple[Field, ...] = (
+    ("status", "agentrt.model.status", STR),
+    ("cost_micros", "agentrt.model.cost_micros", NUM),
+    ("latency_ms", "agentrt.model.latency_ms", NUM),
+)
+MODEL_ERROR: tuple[Field, ...] = (("error", "agentrt.model.error", TEXT),)
+
+
+
+_LIMIT_INTS = (
+    "max_steps", "max_consecutive_tool_failures", "loop_threshold",
+    "max_model_calls", "max_output_tokens_per_call", "max_total_tokens",
+    "max_estimated_cost_micros", "max_active_time", "max_elapsed_time",
+    "approval_ttl", "grant_ttl",
+)
+
+
+def decode_limits(attrs: dict[str, AttributeValue], p: Payload) -> None:
+    """``limits`` of run.created as Go decodes it into its struct: absent, or
+    of a wrong type anywhere -> no attributes at all; ``null`` -> all zero."""
+    if not p.has("limits"):
+        return
+    if p.is_null("limits"):
+        limits = Payload(None, {}, None)
+    else:
+        member = p.member("limits")
+        if member is None:
+            return
+        limits = member
+    ints: dict[str, int] = {}
+    for key in _LIMIT_INTS:
+        value = limits.strict_int(key)
+        if value is BAD or not isinstance(value, int):
+            return
+        ints[key] = value
+    limit_attributes(
+        attrs,
+        ints["max_steps"],
+        ints["max_consecutive_tool_failures"],
+        ints["loop_threshold"],
+        tuple((k, ints[k]) for k in _LIMIT_INTS[3:7]),
+        tuple((k + "_ms", ints[k]) for k in _LIMIT_INTS[7:]),
+    )

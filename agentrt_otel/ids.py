@@ -1,0 +1,51 @@
+"""Deterministic trace and span ids, derived from what a span represents.
+
+A span id is a hash of the kind and id of the thing the span stands for (a run,
+a step, a model call...), so an exporter that restarts, or a run resumed days
+later by another process, continues the same trace instead of forking it, and
+one run's spans carry the same ids whichever runtime (this one or the Go
+reference) exported them. The formulas are the reference's:
+
+- trace id: first 16 bytes of SHA-256(``"agentrt/trace" 0x00 run_id``);
+- span id: first 8 bytes of SHA-256(``"agentrt/span" 0x00 kind 0x00 id``);
+
+an all-zero result (invalid in OpenTelemetry) has its last byte set to 1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+__all__ = ["span_id", "span_id_hex", "trace_id", "trace_id_hex"]
+
+_TRACE_PREFIX = b"agentrt/trace\x00"
+_SPAN_PREFIX = b"agentrt/span\x00"
+
+
+def trace_id(run_id: str) -> int:
+    """The trace id of a run, as the 128-bit integer the SDK uses."""
+    digest = hashlib.sha256(_TRACE_PREFIX + run_id.encode("utf-8", "surrogatepass")).digest()
+    value = int.from_bytes(digest[:16], "big")
+    return value or 1
+
+
+def span_id(kind: str, id: str) -> int:
+    """The span id of the ``kind`` thing named ``id``, as a 64-bit integer."""
+    data = (
+        _SPAN_PREFIX
+        + kind.encode("utf-8", "surrogatepass")
+        + b"\x00"
+        + id.encode("utf-8", "surrogatepass")
+    )
+    value = int.from_bytes(hashlib.sha256(data).digest()[:8], "big")
+    return value or 1
+
+
+def trace_id_hex(run_id: str) -> str:
+    """:func:`trace_id` as the 32 lowercase hex digits backends show."""
+    return f"{trace_id(run_id):032x}"
+
+
+def span_id_hex(kind: str, id: str) -> str:
+    """:func:`span_id` as 16 lowercase hex digits."""
+    return f"{span_id(kind, id):016x}"

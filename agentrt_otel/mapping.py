@@ -1,0 +1,626 @@
+"""The event stream mapped to OpenTelemetry spans: pure, stateful, no I/O.
+
+:class:`SpanMapper` is fed events in seq order (as a follower delivers them)
+and returns the spans each event finishes. A span is returned only when it
+ends, so a run's span appears at ``run.finished`` and a step's when the step
+ends. The mapping is the reference exporter's (``export/otel``, spec section
+3.5): one trace per run; ``agentrt.run`` at the root, ``agentrt.step`` and
+``agentrt.event`` under it, ``agentrt.model``, ``agentrt.approval`` and
+``agentrt.tool.late`` under their step; every id derived from what the span
+stands for (:mod:`agentrt_otel.ids`). Each of the 19 event types has its own
+handler; only a type this build does not know takes the generic path.
+
+State. Per run: the run span, the open steps (with their *interrupted*
+flag), the current step, open model calls and open approvals. A run's state
+is dropped as soon as nothing of it is open, so memory follows open spans
+only. Besides, a bounded memory (``finished_runs``, default 4096) of recently
+finished runs lets events that arrive after ``run.finished`` be recognised.
+
+Restarts (spec 3.6). A span whose start event was not seen is rebuilt from
+the optional :class:`SpanStartSource` (a read-only store): the run from its
+row (creation time, goal, limits), the step from its row (start, index,
+decision and policy), the approval from its row (creation time, kind, hash,
+capability, presentation). Without a source, or when the row is missing, the
+span starts at the event and carries ``agentrt.span.start_unknown = true``.
+
+Deliberate departures from the reference (each keeps restart invariance):
+
+1. *An event for a run this mapper saw finish* never opens a new run, step,
+   model or approval span (the reference would open a run span that never
+   ends, or emit a second span with an id already exported). Such an event
+   becomes a zero-length ``agentrt.event`` span whose id is derived from its
+   seq, as unknown event types already do. The two things the runtime does
+   write after ``run.finished`` keep their meaning: a late
+   ``step.tool_finished`` (its ``agentrt.tool.late`` span) and the result of
+   a model call that was in flight when the run was cancelled (below).
+2. *A model call in flight when a run is cancelled* is not closed with
+   status ``unknown`` at ``run.finished`` and then exported a second time
+   when its result arrives: its span stays pending (in the bounded memory of
+   finished runs) and ends once, with the result. A call still pending when
+   its run leaves that memory ends as the reference ends it (``unknown``, at
+   the run's end). Other run endings close open calls as ``unknown``: those
+   calls belong to a process that died, and will never report.
+3. *A second decision on an approval whose span already ended* (a spent
+   grant expiring when the run resumes, ``approved`` then ``expired``) is a
+   span event ``approval.decided`` on its step instead of a second approval
+   span with the same id. After a restart the store tells the two apart: the
+   stored decision is older than the event.
+
+4. *After a restart, the last step of a run that ends* is ended with the run
+   even when this mapper saw none of its events (a completion decided just
+   before the restart): the store shows whether it was still open. The
+   reference never ends that span.
+
+Known limits of restart invariance, where the store keeps no record: span
+events emitted before a restart are not rebuilt; a step rebuilt after its
+approved resume starts at its stored start (the runtime moves it to the
+resume time) and has only the policy attributes of its latest decision (one
+pass accumulates those of every ``step.policy``); a rebuilt approval has no
+``agentrt.approval.reason``; a model call whose dispatch preceded a restart
+starts at completion time minus its whole milliseconds of latency, and one
+that never reports is not rebuilt; ``agentrt.payload.truncated`` of a
+``run.created`` over the page cap needs the event itself.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from functools import lru_cache
+
+from opentelemetry.trace import SpanKind, StatusCode
+
+from agentrt.events import Event, EventType
+from agentrt_otel._fields import (
+    APPROVAL,
+    APPROVAL_NOTE,
+    CANCELLED,
+    DECIDED,
+    DECISION,
+    LATE,
+    LEASE,
+    LIMIT,
+    LOOP,
+    MODEL,
+    MODEL_ERROR,
+    MODEL_RESULT,
+    POLICY,
+    RESUMED,
+    RUN_END,
+    STEP_FAILED,
+    STEP_START,
+    TOOL,
+    TOOL_APPROVAL,
+    TOOL_ERROR,
+    TOOL_NAME,
+    decode_limits,
+)
+from agentrt_otel._payload import Field, Payload
+from agentrt_otel._restart import Lookups, event_time_ns, open_at_run_end
+from agentrt_otel._state import Attrs, Finished, OpenSpan, RunState, StepState
+from agentrt_otel.ids import span_id, trace_id
+from agentrt_otel.records import (
+    SpanEventRecord,
+    SpanRecord,
+    SpanStartSource,
+)
+from agentrt_otel.semconv import add_semantic_attributes
+from agentrt_otel.text import DEFAULT_MAX_TEXT, truncate
+
+__all__ = ["DEFAULT_FINISHED_RUNS", "SpanMapper"]
+
+#: How many finished runs the mapper remembers (see the module docstring).
+DEFAULT_FINISHED_RUNS = 4096
+
+
+_INTERNAL = SpanKind.INTERNAL
+_CLIENT = SpanKind.CLIENT
+_UNSET = StatusCode.UNSET
+_NO_ATTRS: Attrs = {}
+
+_T = "agentrt.payload.truncated"
+_RUN_ID = "agentrt.run.id"
+_STEP_ID = "agentrt.step.id"
+_START_UNKNOWN = "agentrt.span.start_unknown"
+
+
+@lru_cache(maxsize=4096)
+def _trace_id(run_id: str) -> int:
+    """Trace ids are asked for once per finished span; most runs have many."""
+    return trace_id(run_id)
+
+
+@lru_cache(maxsize=16384)
+def _span_id(kind: str, id: str) -> int:
+    """A run's or step's span id is derived again for each of its children."""
+    return span_id(kind, id)
+
+
+Handler = Callable[[Event, Payload, int, list[SpanRecord]], None]
+
+
+class SpanMapper:
+    """Events in seq order in, finished :class:`SpanRecord` objects out.
+
+    Not thread-safe: one mapper sees one stream, as one follower delivers
+    it. ``max_text`` caps text attributes (:func:`truncate`); ``source`` is
+    consulted only for spans whose start this mapper missed.
+    """
+
+    def __init__(
+        self,
+        source: SpanStartSource | None = None,
+        *,
+        max_text: int = DEFAULT_MAX_TEXT,
+        finished_runs: int = DEFAULT_FINISHED_RUNS,
+    ) -> None:
+        if max_text < 0:
+            raise ValueError(f"otel: max_text {max_text} is negative")
+        if finished_runs < 0:
+            raise ValueError(f"otel: finished_runs {finished_runs} is negative")
+        self._max_text = max_text
+        self._lookups = Lookups(source, max_text)
+        self._runs: dict[str, RunState] = {}
+        self._finished: OrderedDict[str, Finished] = OrderedDict()
+        self._finished_cap = finished_runs
+        self._handlers: dict[str, Handler] = {
+            EventType.RUN_CREATED: self._run_created,
+            EventType.RUN_STARTED: self._run_started,
+            EventType.RUN_RESUMED: self._run_resumed,
+            EventType.LEASE_TAKEN_OVER: self._lease_taken_over,
+            EventType.LIMIT_EXCEEDED: self._limit_exceeded,
+            EventType.LOOP_DETECTED: self._loop_detected,
+            EventType.STEP_STARTED: self._step_started,
+            EventType.STEP_DECIDED: self._step_decided,
+            EventType.STEP_POLICY: self._step_policy,
+            EventType.STEP_TOOL_STARTED: self._tool_started,
+            EventType.STEP_TOOL_FINISHED: self._tool_finished,
+            EventType.STEP_FAILED: self._step_failed,
+            EventType.STEP_INTERRUPTED: self._step_interrupted,
+            EventType.APPROVAL_REQUESTED: self._approval_requested,
+            EventType.APPROVAL_DECIDED: self._approval_decided,
+            EventType.MODEL_DISPATCHED: self._model_dispatched,
+            EventType.MODEL_COMPLETED: self._model_result,
+            EventType.MODEL_FAILED: self._model_result,
+            EventType.RUN_FINISHED: self._run_finished,
+        }
+
+    # -- public -------------------------------------------------------------
+
+    @property
+    def handled_types(self) -> frozenset[str]:
+        """The event types with a specific mapping (all the runtime writes)."""
+        return frozenset(self._handlers)
+
+    @property
+    def open_runs(self) -> int:
+        """Runs with at least one open span."""
+        return len(self._runs)
+
+    @property
+    def remembered_runs(self) -> int:
+        """Finished runs remembered (at most ``finished_runs``)."""
+        return len(self._finished)
+
+    @property
+    def open_spans(self) -> int:
+        """Spans started and not yet ended (pending model calls included)."""
+        n = sum(
+            (st.run is not None) + len(st.steps) + len(st.models) + len(st.approvals)
+            for st in self._runs.values()
+        )
+        return n + sum(len(f.models) for f in self._finished.values())
+
+    def map(self, event: Event) -> list[SpanRecord]:
+        """The spans ``event`` finishes, in the order they ended."""
+        out: list[SpanRecord] = []
+        payload = Payload.parse(event.payload)
+        at = event_time_ns(event.at)
+        handler = self._handlers.get(event.type)
+        if event.run_id in self._finished and not self._after_end(event, payload):
+            self._event_span(event, payload, at, out)
+        elif handler is not None:
+            handler(event, payload, at, out)
+        else:
+            self._unknown(event, payload, at, out)
+        st = self._runs.get(event.run_id)
+        if st is not None and st.empty():
+            del self._runs[event.run_id]
+        return out
+
+    def map_all(self, events: Iterable[Event]) -> list[SpanRecord]:
+        """:meth:`map` over several events, spans concatenated."""
+        out: list[SpanRecord] = []
+        for event in events:
+            out.extend(self.map(event))
+        return out
+
+    # -- helpers ------------------------------------------------------------
+
+    def _state(self, run_id: str) -> RunState:
+        st = self._runs.get(run_id)
+        if st is None:
+            st = self._runs[run_id] = RunState(run_id)
+        return st
+
+    def _text(self, attrs: Attrs, key: str, p: Payload, field: str) -> None:
+        value = p.string(field)
+        if value:
+            attrs[key] = truncate(value, self._max_text)
+
+    def _set(self, attrs: Attrs, p: Payload, fields: tuple[Field, ...]) -> Attrs:
+        p.apply(attrs, fields, self._max_text)
+        return attrs
+
+    @staticmethod
+    def _truncated(attrs: Attrs, p: Payload) -> Attrs:
+        length = p.truncated_length()
+        if length is not None:
+            attrs[_T] = length
+        return attrs
+
+    def _finish(self, span: OpenSpan, end_ns: int, out: list[SpanRecord]) -> None:
+        attrs = span.attrs
+        add_semantic_attributes(span.name, attrs, span.run_id)
+        out.append(SpanRecord(
+            span.name, _trace_id(span.run_id), span.span_id, span.parent_id, span.kind,
+            span.start_ns, end_ns, attrs, tuple(span.events), span.status_code,
+            span.status_description,
+        ))
+
+    @staticmethod
+    def _after_end(event: Event, p: Payload) -> bool:
+        """Events the runtime itself writes after ``run.finished``."""
+        t = event.type
+        if t == EventType.STEP_TOOL_FINISHED:
+            return p.is_true("late")
+        return t == EventType.MODEL_COMPLETED or t == EventType.MODEL_FAILED
+
+    def _remember_finished(self, run_id: str, end_ns: int, models: dict[str, OpenSpan],
+                           out: list[SpanRecord]) -> None:
+        self._finished[run_id] = Finished(end_ns, models)
+        self._finished.move_to_end(run_id)
+        while len(self._finished) > self._finished_cap:
+            _, old = self._finished.popitem(last=False)
+            for span in old.models.values():
+                span.attrs["agentrt.model.status"] = "unknown"
+                self._finish(span, max(old.end_ns, span.start_ns), out)
+
+    # -- ensure run / step --------------------------------------------------
+
+    def _ensure_run(self, st: RunState, at: int) -> OpenSpan:
+        if st.run is not None:
+            return st.run
+        attrs: Attrs = {_RUN_ID: st.run_id}
+        start = self._lookups.run(st.run_id, attrs)
+        if start is None:
+            start = at
+            attrs[_START_UNKNOWN] = True
+        st.run = OpenSpan("agentrt.run", st.run_id, _span_id("run", st.run_id), None, _INTERNAL,
+                          start, attrs)
+        return st.run
+
+    def _new_step(self, st: RunState, step_id: str, start: int, attrs: Attrs,
+                  interrupted: bool = False) -> StepState:
+        span = OpenSpan("agentrt.step", st.run_id, _span_id("step", step_id),
+                        _span_id("run", st.run_id), _INTERNAL, start, attrs)
+        step = st.steps[step_id] = StepState(span, interrupted)
+        return step
+
+    def _ensure_step(self, st: RunState, step_id: str, at: int,
+                     implied: int | None = None) -> StepState:
+        step = st.steps.get(step_id)
+        if step is not None:
+            return step
+        attrs: Attrs = {_RUN_ID: st.run_id, _STEP_ID: step_id}
+        stored = self._lookups.step(st.run_id, step_id)
+        start: int | None = None
+        interrupted = False
+        if stored is not None:
+            attrs.update(stored.attributes)
+            start = stored.start_ns
+            interrupted = stored.interrupted
+        if start is None:
+            start = implied
+        if start is None:
+            start = at
+            attrs[_START_UNKNOWN] = True
+        if not st.current:
+            st.current = step_id
+        return self._new_step(st, step_id, start, attrs, interrupted)
+
+    def _end_step(self, st: RunState, step_id: str, at: int, end: str, status: str,
+                  out: list[SpanRecord]) -> None:
+        step = st.steps.pop(step_id)
+        st.last_ended = step_id
+        attrs = step.span.attrs
+        attrs["agentrt.step.end"] = end
+        if status:
+            attrs["agentrt.step.status"] = status
+        self._finish(step.span, at, out)
+
+    # -- run-level events ---------------------------------------------------
+
+    def _run_created(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        st = self._state(e.run_id)
+        if st.run is not None:
+            return
+        st.seen_created = True
+        attrs = self._truncated({}, p)
+        attrs[_RUN_ID] = e.run_id
+        self._text(attrs, "agentrt.run.goal", p, "goal")
+        decode_limits(attrs, p)
+        st.run = OpenSpan("agentrt.run", e.run_id, _span_id("run", e.run_id), None, _INTERNAL, at,
+                          attrs)
+
+    def _run_event(self, e: Event, p: Payload, at: int, attrs: Attrs) -> None:
+        run = self._ensure_run(self._state(e.run_id), at)
+        run.events.append(SpanEventRecord(e.type, at, attrs))
+
+    def _run_started(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        self._run_event(e, p, at, _NO_ATTRS)
+
+    def _run_resumed(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        self._run_event(e, p, at, self._set(self._truncated({}, p), p, RESUMED))
+
+    def _lease_taken_over(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        self._run_event(e, p, at, self._set(self._truncated({}, p), p, LEASE))
+
+    def _limit_exceeded(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        self._run_event(e, p, at, self._set(self._truncated({}, p), p, LIMIT))
+
+    def _loop_detected(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        self._run_event(e, p, at, self._set(self._truncated({}, p), p, LOOP))
+
+    def _run_finished(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        st = self._state(e.run_id)
+        run = self._ensure_run(st, at)
+        status = p.string("status")
+        for span, _ in st.approvals.values():
+            span.attrs["agentrt.approval.status"] = "pending"
+            self._finish(span, at, out)
+        st.approvals.clear()
+        pending: dict[str, OpenSpan] = {}
+        for call_id, span in st.models.items():
+            if status == "CANCELLED":
+                pending[call_id] = span  # its result is still to come (docstring, 2)
+            else:
+                span.attrs["agentrt.model.status"] = "unknown"
+                self._finish(span, at, out)
+        st.models.clear()
+        if not st.seen_created:
+            self._rebuild_last_step(st, at)
+        for step_id in list(st.steps):
+            interrupted = st.steps[step_id].interrupted
+            self._end_step(st, step_id, at, "run.finished", "interrupted" if interrupted else "",
+                           out)
+        attrs = self._truncated(run.attrs, p)
+        attrs["agentrt.run.status"] = status
+        self._set(attrs, p, RUN_END)
+        if status == "COMPLETED":
+            run.status_code = StatusCode.OK
+        elif status == "FAILED":
+            run.status_code = StatusCode.ERROR
+            run.status_description = p.string("reason")
+        elif status == "CANCELLED":
+            cancelled = self._set({}, p, CANCELLED)
+            run.events.append(SpanEventRecord("run.cancelled", at, cancelled))
+        self._finish(run, at, out)
+        st.run = None
+        st.current = ""
+        st.steps.clear()
+        del self._runs[e.run_id]
+        self._remember_finished(e.run_id, at, pending, out)
+
+    def _rebuild_last_step(self, st: RunState, at: int) -> None:
+        """After a restart, the run's last step may be open without this
+        mapper having seen any of its events (a completion decided just before
+        the restart); the store tells whether it was, so it ends here as it
+        would have in one pass instead of never."""
+        last = self._lookups.last_step(st.run_id)
+        if last is None or last.id in st.steps or last.id == st.last_ended:
+            return
+        if not open_at_run_end(last, at):
+            return
+        stored = self._lookups.step_start(last)
+        attrs: Attrs = {_RUN_ID: st.run_id, _STEP_ID: last.id}
+        attrs.update(stored.attributes)
+        start = stored.start_ns
+        if start is None:
+            start = at
+            attrs[_START_UNKNOWN] = True
+        self._new_step(st, last.id, start, attrs, stored.interrupted)
+
+    # -- step events --------------------------------------------------------
+
+    def _step_started(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        st = self._state(e.run_id)
+        if st.current and st.current != e.step_id and st.current in st.steps:
+            interrupted = st.steps[st.current].interrupted
+            self._end_step(st, st.current, at, "step.started",
+                           "interrupted" if interrupted else "", out)
+        st.current = e.step_id
+        if e.step_id in st.steps:
+            return
+        attrs = self._truncated({}, p)
+        attrs[_RUN_ID] = e.run_id
+        attrs[_STEP_ID] = e.step_id
+        self._set(attrs, p, STEP_START)
+        self._new_step(st, e.step_id, at, attrs)
+
+    def _step_decided(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        span = self._ensure_step(self._state(e.run_id), e.step_id, at).span
+        self._set(self._truncated(span.attrs, p), p, DECISION)
+        span.events.append(SpanEventRecord(e.type, at, _NO_ATTRS))
+
+    def _step_policy(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        span = self._ensure_step(self._state(e.run_id), e.step_id, at).span
+        self._set(self._truncated(span.attrs, p), p, POLICY)
+        span.events.append(SpanEventRecord(e.type, at, _NO_ATTRS))
+
+    def _tool_started(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        span = self._ensure_step(self._state(e.run_id), e.step_id, at).span
+        self._set(self._truncated(span.attrs, p), p, TOOL_NAME)
+        span.events.append(SpanEventRecord(e.type, at, self._set({}, p, TOOL_APPROVAL)))
+
+    def _tool_finished(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        duration = p.integer("duration_ms")
+        implied = at - duration * 1_000_000 if duration is not None else None
+        if p.is_true("late"):
+            self._late_tool(e, p, at, implied, out)
+            return
+        st = self._state(e.run_id)
+        span = self._ensure_step(st, e.step_id, at, implied).span
+        attrs = self._set(self._truncated(span.attrs, p), p, TOOL)
+        if p.has("error"):
+            self._set(attrs, p, TOOL_ERROR)
+            return  # step.failed follows in the same transaction and ends the step
+        self._end_step(st, e.step_id, at, "step.tool_finished", "done", out)
+
+    def _late_tool(self, e: Event, p: Payload, at: int, implied: int | None,
+                   out: list[SpanRecord]) -> None:
+        """A cancelled run's tool outcome: its own span, touching nothing open."""
+        attrs = self._set(self._truncated({}, p), p, TOOL)
+        attrs[_RUN_ID] = e.run_id
+        attrs[_STEP_ID] = e.step_id
+        self._set(attrs, p, LATE)
+        start = at if implied is None else min(implied, at)
+        span = OpenSpan("agentrt.tool.late", e.run_id, _span_id("late", e.step_id),
+                        _span_id("step", e.step_id), _INTERNAL, start, attrs)
+        self._finish(span, at, out)
+
+    def _step_failed(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        st = self._state(e.run_id)
+        span = self._ensure_step(st, e.step_id, at).span
+        self._set(self._truncated(span.attrs, p), p, STEP_FAILED)
+        span.status_code = StatusCode.ERROR
+        span.status_description = p.string("observation")
+        self._end_step(st, e.step_id, at, "step.failed", "failed", out)
+
+    def _step_interrupted(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        step = self._ensure_step(self._state(e.run_id), e.step_id, at)
+        step.interrupted = True
+        attrs = self._truncated({}, p)
+        nested = p.member("previous_status")
+        if nested is not None and nested.has("previous_status"):
+            attrs["agentrt.step.previous_status"] = nested.string("previous_status")
+        else:
+            attrs["agentrt.step.previous_status"] = p.string("previous_status")
+        step.span.events.append(SpanEventRecord(e.type, at, attrs))
+
+    # -- approvals ----------------------------------------------------------
+
+    def _approval_requested(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        st = self._state(e.run_id)
+        step = self._ensure_step(st, e.step_id, at).span
+        approval_id = p.string("approval_id")
+        note = self._set({"agentrt.approval.id": approval_id}, p, APPROVAL_NOTE)
+        step.events.append(SpanEventRecord(e.type, at, note))
+        if approval_id in st.approvals:
+            return
+        attrs = self._truncated({}, p)
+        attrs[_RUN_ID] = e.run_id
+        attrs[_STEP_ID] = e.step_id
+        self._set(attrs, p, APPROVAL)
+        span = OpenSpan("agentrt.approval", e.run_id, _span_id("approval", approval_id),
+                        _span_id("step", e.step_id), _INTERNAL, at, attrs)
+        st.approvals[approval_id] = (span, e.step_id)
+
+    def _approval_decided(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        st = self._state(e.run_id)
+        approval_id = p.string("approval_id")
+        entry = st.approvals.pop(approval_id, None)
+        if entry is not None:
+            span = entry[0]
+        else:
+            decided_before = approval_id in st.ended_approvals
+            stored = None if decided_before else self._lookups.approval(e.run_id, approval_id)
+            if stored is not None and stored.decided_at is not None:
+                decided_before = event_time_ns(stored.decided_at) < at
+            if decided_before:  # a spent grant expiring: docstring, 3
+                step = self._ensure_step(st, e.step_id, at).span
+                attrs = self._truncated({"agentrt.approval.id": approval_id}, p)
+                self._decision_attrs(attrs, p)
+                step.events.append(SpanEventRecord(e.type, at, attrs))
+                return
+            attrs = {_RUN_ID: e.run_id, _STEP_ID: e.step_id}
+            if approval_id:
+                attrs["agentrt.approval.id"] = approval_id
+            start = self._lookups.approval_start(stored, attrs) if stored is not None else None
+            if start is None:
+                start = at
+                attrs[_START_UNKNOWN] = True
+            span = OpenSpan("agentrt.approval", e.run_id, _span_id("approval", approval_id),
+                            _span_id("step", e.step_id), _INTERNAL, start, attrs)
+        self._decision_attrs(self._truncated(span.attrs, p), p)
+        st.ended_approvals.add(approval_id)
+        self._finish(span, at, out)
+
+    def _decision_attrs(self, attrs: Attrs, p: Payload) -> None:
+        self._set(attrs, p, DECIDED)
+
+    # -- model calls --------------------------------------------------------
+
+    def _model_attrs(self, attrs: Attrs, e: Event, p: Payload) -> Attrs:
+        attrs[_RUN_ID] = e.run_id
+        attrs[_STEP_ID] = e.step_id
+        return self._set(attrs, p, MODEL)
+
+    def _model_dispatched(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        st = self._state(e.run_id)
+        call_id = p.string("call_id")
+        if call_id in st.models:
+            return
+        attrs = self._model_attrs(self._truncated({}, p), e, p)
+        st.models[call_id] = OpenSpan("agentrt.model", e.run_id, _span_id("model", call_id),
+                                      _span_id("step", e.step_id), _CLIENT, at, attrs)
+
+    def _model_result(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        call_id = p.string("call_id")
+        st = self._runs.get(e.run_id)
+        span = st.models.pop(call_id, None) if st is not None else None
+        if span is None:
+            finished = self._finished.get(e.run_id)
+            if finished is not None:
+                span = finished.models.pop(call_id, None)
+        if span is None:
+            latency = p.integer("latency_ms")
+            start = at if latency is None else min(at - latency * 1_000_000, at)
+            attrs = self._model_attrs({}, e, p)
+            span = OpenSpan("agentrt.model", e.run_id, _span_id("model", call_id),
+                            _span_id("step", e.step_id), _CLIENT, start, attrs)
+        attrs = self._truncated(span.attrs, p)
+        status = p.string("status")
+        self._set(attrs, p, MODEL_RESULT[:1])
+        usage = p.member("usage") or Payload(None, {}, None)
+        for key in ("input_tokens", "output_tokens", "cached_input_tokens"):
+            value = usage.strict_int(key)
+            attrs["agentrt.model." + key] = value if isinstance(value, int) else 0
+        self._set(attrs, p, MODEL_RESULT[1:])
+        if e.type == EventType.MODEL_FAILED:
+            self._set(attrs, p, MODEL_ERROR)
+            span.status_code = StatusCode.ERROR
+            span.status_description = status
+        self._finish(span, at, out)
+
+    # -- anything else ------------------------------------------------------
+
+    def _unknown(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        """A type this build does not know: an event on the open run span, or
+        a zero-length span of its own (a finished run is never reopened)."""
+        st = self._runs.get(e.run_id)
+        if st is not None and st.run is not None:
+            st.run.events.append(SpanEventRecord(e.type, at, self._truncated({}, p)))
+            return
+        self._event_span(e, p, at, out)
+
+    def _event_span(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
+        attrs = self._truncated({}, p)
+        attrs[_RUN_ID] = e.run_id
+        attrs["agentrt.event.type"] = e.type
+        attrs["agentrt.event.seq"] = e.seq
+        if e.step_id:
+            attrs[_STEP_ID] = e.step_id
+        span = OpenSpan("agentrt.event", e.run_id, _span_id("event", str(e.seq)),
+                        _span_id("run", e.run_id), _INTERNAL, at, attrs)
+        self._finish(span, at, out)

@@ -1,0 +1,86 @@
+"""What the mapping produces: finished spans as plain, resource-free values.
+
+A :class:`SpanRecord` is everything OpenTelemetry needs to know about one
+finished span, and nothing about where it goes: no resource, no scope, no SDK
+object. Keeping the mapping's output in plain immutable values lets tests
+compare spans directly and lets the transport turn them into SDK spans in one
+place. They are named tuples rather than frozen dataclasses because an export
+of a million events makes a few hundred thousand of them, and a frozen
+dataclass costs three times as much to construct.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NamedTuple, Protocol
+
+from opentelemetry.trace import SpanKind, StatusCode
+
+from agentrt.records import Approval, Run, Step
+
+__all__ = [
+    "SPAN_NAMES",
+    "AttributeValue",
+    "SpanEventRecord",
+    "SpanRecord",
+    "SpanStartSource",
+]
+
+#: Attribute values the mapping produces.
+AttributeValue = str | int | bool
+
+#: The only span names the mapping ever uses (nothing model-chosen names a span).
+SPAN_NAMES = (
+    "agentrt.run",
+    "agentrt.step",
+    "agentrt.model",
+    "agentrt.approval",
+    "agentrt.tool.late",
+    "agentrt.event",
+)
+
+
+class SpanEventRecord(NamedTuple):
+    """A span event: a point in time on a span, with its own attributes."""
+
+    name: str
+    time_ns: int
+    attributes: Mapping[str, AttributeValue]
+
+
+class SpanRecord(NamedTuple):
+    """One finished span. Ids are integers (128-bit trace, 64-bit span);
+    ``parent_span_id`` is None for a run span, the root of its trace.
+    ``status_description`` is set only with ``StatusCode.ERROR``."""
+
+    name: str
+    trace_id: int
+    span_id: int
+    parent_span_id: int | None
+    kind: SpanKind
+    start_ns: int
+    end_ns: int
+    attributes: Mapping[str, AttributeValue]
+    events: tuple[SpanEventRecord, ...]
+    status_code: StatusCode
+    status_description: str
+
+    def identity(self) -> tuple[str, int, int, int | None]:
+        """(name, trace, span, parent): what must match across restarts."""
+        return (self.name, self.trace_id, self.span_id, self.parent_span_id)
+
+
+class SpanStartSource(Protocol):
+    """Read-only lookups for spans whose start event this mapper never saw
+    (it started after a restart). A read-only agentrt store satisfies it;
+    each method raises :class:`agentrt.errors.NotFoundError` when absent.
+
+    Only the capped page reads are used, so a hostile database cannot make
+    the exporter load a huge row.
+    """
+
+    def get_run_capped(self, run_id: str) -> Run: ...
+
+    def list_steps_page(self, run_id: str, limit: int, offset: int) -> tuple[list[Step], int]: ...
+
+    def get_approval(self, run_id: str, approval_id: str) -> Approval: ...

@@ -1,0 +1,207 @@
+"""Shipping a page of events' spans, and saying only once they have arrived.
+
+:class:`OTelSink` is what a follower drives. Its contract is small:
+
+``handle_page(events)``
+    Maps the page's events to spans and hands them to the exporter's
+    ``export()`` (a page's spans in batches of at most ``max_batch``). It
+    returns only when the collector has accepted every span, so the caller
+    saves its cursor after it returns, and only then. A failed export is
+    retried, with ``2**n`` backoff and jitter capped at ``backoff.maximum``,
+    for as long as it takes: a page is never skipped. The wait is on the
+    ``stop`` event, so a stop cuts it short; then ``handle_page`` raises
+    :class:`ExportStopped` and the caller must *not* save its cursor for the
+    page (a restart sends it again: at most one page twice). A stop that
+    comes while the collector is healthy does not interrupt the page in hand,
+    and one that comes during an export attempt takes effect when the attempt
+    returns (within the exporter's timeout) unless :meth:`close` is called.
+
+``close()``
+    Sets ``stop`` and shuts the exporter down (idempotent; callable from
+    another thread, where it cuts short both this sink's wait and the SDK
+    exporter's own retry wait). Spans of runs that are still open
+    were never finished and are not sent: a later export rebuilds them from
+    the store, with the same ids, when their runs go on.
+
+Mapping happens exactly once per event. The mapper is stateful, so a page
+that fails is never mapped again: its spans wait in ``pending`` and are sent
+again as they are. If the caller hands the same page in again (after
+:class:`ExportStopped`), the events it already mapped are recognised by their
+seq and skipped, and the pending spans are sent first. One sink therefore
+follows one increasing seq order; start a new sink to export from an earlier
+cursor.
+
+The SDK exporters retry a transient failure themselves within their timeout
+(``OTEL_EXPORTER_OTLP_TIMEOUT``, honouring ``Retry-After``); this loop
+handles the outages longer than that.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from agentrt.errors import AgentrtError
+from agentrt.events import Event
+from agentrt_otel.config import build_resource, resource_attributes
+from agentrt_otel.mapping import SpanMapper
+from agentrt_otel.records import SpanStartSource
+from agentrt_otel.spans import to_readable_spans
+from agentrt_otel.text import DEFAULT_MAX_TEXT
+
+__all__ = ["Backoff", "ExportStopped", "OTelSink"]
+
+_log = logging.getLogger("agentrt_otel")
+
+
+class ExportStopped(AgentrtError):
+    """A stop came while the collector was refusing spans. The page was not
+    delivered; the cursor must stay before it."""
+
+    base = "otel: stopped before the collector accepted the page"
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Waits between attempts: ``initial * 2**n`` seconds, capped at
+    ``maximum``, each multiplied by a random factor in ``1 ± jitter``."""
+
+    initial: float = 1.0
+    maximum: float = 30.0
+    jitter: float = 0.2
+
+    def delay(self, attempt: int) -> float:
+        base = min(self.maximum, self.initial * 2.0 ** min(attempt, 62))
+        return base * random.uniform(1.0 - self.jitter, 1.0 + self.jitter)
+
+
+class OTelSink:
+    """Events in, spans out over the exporter, delivery confirmed per page.
+
+    ``exporter`` None (``OTEL_TRACES_EXPORTER=none``) maps and discards.
+    ``source`` is a read-only store used to rebuild spans whose start came
+    before this process did (see :class:`SpanMapper`).
+    """
+
+    def __init__(
+        self,
+        exporter: SpanExporter | None,
+        *,
+        source: SpanStartSource | None = None,
+        resource: Resource | None = None,
+        stop: threading.Event | None = None,
+        backoff: Backoff | None = None,
+        max_batch: int = 512,
+        max_text: int = DEFAULT_MAX_TEXT,
+        mapper: SpanMapper | None = None,
+    ) -> None:
+        if max_batch <= 0:
+            raise ValueError(f"otel: max_batch {max_batch} must be positive")
+        self._exporter = exporter
+        self._mapper = mapper if mapper is not None else SpanMapper(source, max_text=max_text)
+        self._resource = resource if resource is not None else build_resource(
+            resource_attributes({}))
+        self._stop = stop if stop is not None else threading.Event()
+        self._backoff = backoff if backoff is not None else Backoff()
+        self._max_batch = max_batch
+        self._pending: list[list[ReadableSpan]] = []
+        self._mapped_seq = 0
+        self._exported = 0
+        self._failures = 0  # failed attempts of the current outage
+        self._outage_began = 0.0
+        self._lock = threading.Lock()  # one page at a time
+        self._close_lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def mapper(self) -> SpanMapper:
+        return self._mapper
+
+    @property
+    def stop_event(self) -> threading.Event:
+        return self._stop
+
+    @property
+    def pending(self) -> int:
+        """Spans mapped and not yet accepted by the collector."""
+        return sum(len(b) for b in self._pending)
+
+    @property
+    def exported(self) -> int:
+        """Spans the collector has accepted through this sink."""
+        return self._exported
+
+    def handle_page(self, events: Sequence[Event]) -> None:
+        """Deliver the spans of ``events`` (in seq order); see the module doc."""
+        with self._lock:
+            if self._closed:
+                raise AgentrtError("otel: the sink is closed")
+            try:
+                self._map(events)
+            finally:
+                self._send()
+
+    def _map(self, events: Sequence[Event]) -> None:
+        spans = []
+        try:
+            for event in events:
+                if event.seq <= self._mapped_seq:
+                    continue  # mapped before; its spans are pending or sent
+                spans.extend(self._mapper.map(event))
+                self._mapped_seq = event.seq
+        finally:
+            if spans and self._exporter is not None:
+                ready = to_readable_spans(spans, self._resource)
+                for i in range(0, len(ready), self._max_batch):
+                    self._pending.append(ready[i:i + self._max_batch])
+
+    def _attempt(self, batch: list[ReadableSpan]) -> tuple[bool, str]:
+        assert self._exporter is not None
+        try:
+            result = self._exporter.export(batch)
+        except Exception as err:  # an exporter bug must not skip spans either
+            return False, f"{type(err).__name__}: {err}"
+        return result is SpanExportResult.SUCCESS, "the exporter reported FAILURE"
+
+    def _send(self) -> None:
+        """Send pending batches in order until none is left. One outage logs
+        one line when it begins and one when the collector recovers."""
+        while self._pending:
+            batch = self._pending[0]
+            ok, why = self._attempt(batch)
+            if ok:
+                self._pending.pop(0)
+                self._exported += len(batch)
+                if self._failures:
+                    _log.warning("otel: the collector accepted spans again after %d failed "
+                                 "attempts over %.1f s", self._failures,
+                                 time.monotonic() - self._outage_began)
+                    self._failures = 0
+                continue
+            if not self._failures:
+                self._outage_began = time.monotonic()
+                _log.warning("otel: exporting %d spans failed (%s); retrying with backoff, "
+                             "the cursor stays before this page", len(batch), why)
+            delay = self._backoff.delay(self._failures)
+            self._failures += 1
+            if self._stop.is_set() or self._closed or self._stop.wait(delay):
+                raise ExportStopped(f"{self.pending} spans were not accepted after "
+                                    f"{self._failures} attempts")
+
+    def close(self) -> None:
+        """Stop and shut the exporter down; safe to call twice, from any thread."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stop.set()
+        if self._exporter is not None:
+            self._exporter.shutdown()

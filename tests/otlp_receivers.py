@@ -1,0 +1,227 @@
+"""Real OTLP receivers on 127.0.0.1 for tests: gRPC and HTTP (protobuf).
+
+Each receiver listens on a free port, decodes every
+``ExportTraceServiceRequest`` it is sent, and keeps the spans as
+:class:`ReceivedSpan` values that compare across transports. ``fail_next(n)``
+makes the next ``n`` requests fail as a collector that is down does (gRPC
+UNAVAILABLE, HTTP 503), without keeping their spans. Both are context
+managers that stop cleanly on exit::
+
+    with GrpcReceiver() as rx:
+        exporter = OTLPSpanExporter(endpoint=rx.endpoint, insecure=True)
+        ...
+        assert rx.spans()
+"""
+
+from __future__ import annotations
+
+import gzip
+import threading
+import zlib
+from concurrent import futures
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+__all__ = ["GrpcReceiver", "HttpReceiver", "ReceivedSpan"]
+
+
+def _value(v: AnyValue) -> Any:
+    which = v.WhichOneof("value")
+    if which == "array_value":
+        return tuple(_value(x) for x in v.array_value.values)
+    if which == "kvlist_value":
+        return _attrs(v.kvlist_value.values)
+    return getattr(v, which) if which else None
+
+
+def _attrs(kvs: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kv in kvs:
+        assert isinstance(kv, KeyValue)
+        out[kv.key] = _value(kv.value)
+    return out
+
+
+@dataclass(frozen=True)
+class ReceivedSpan:
+    """One span as it arrived, with ids as lowercase hex."""
+
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    name: str
+    kind: int
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any]
+    events: tuple[tuple[str, int, dict[str, Any]], ...]
+    status_code: int
+    status_message: str
+    scope: str
+    resource: dict[str, Any]
+
+    def key(self) -> tuple[Any, ...]:
+        """Everything but the resource, hashable, for set comparisons."""
+        return (
+            self.trace_id, self.span_id, self.parent_span_id, self.name, self.kind,
+            self.start_ns, self.end_ns, tuple(sorted(self.attributes.items())),
+            tuple((n, t, tuple(sorted(a.items()))) for n, t, a in self.events),
+            self.status_code, self.status_message, self.scope,
+        )
+
+
+def decode_request(request: trace_service_pb2.ExportTraceServiceRequest) -> list[ReceivedSpan]:
+    spans = []
+    for rs in request.resource_spans:
+        resource = _attrs(rs.resource.attributes)
+        for ss in rs.scope_spans:
+            for s in ss.spans:
+                spans.append(ReceivedSpan(
+                    trace_id=s.trace_id.hex(),
+                    span_id=s.span_id.hex(),
+                    parent_span_id=s.parent_span_id.hex(),
+                    name=s.name,
+                    kind=s.kind,
+                    start_ns=s.start_time_unix_nano,
+                    end_ns=s.end_time_unix_nano,
+                    attributes=_attrs(s.attributes),
+                    events=tuple((e.name, e.time_unix_nano, _attrs(e.attributes))
+                                 for e in s.events),
+                    status_code=s.status.code,
+                    status_message=s.status.message,
+                    scope=ss.scope.name,
+                    resource=resource,
+                ))
+    return spans
+
+
+class _Collected:
+    """Spans and request counts, shared by a receiver's handler threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._spans: list[ReceivedSpan] = []
+        self._fail = 0
+        self.requests = 0
+        self.refused = 0
+        self.headers: list[dict[str, str]] = []
+
+    def fail_next(self, n: int) -> None:
+        with self._lock:
+            self._fail = n
+
+    def take(self, request: trace_service_pb2.ExportTraceServiceRequest,
+             headers: dict[str, str]) -> bool:
+        """Keep the request's spans; False when told to refuse it."""
+        with self._lock:
+            self.requests += 1
+            self.headers.append(headers)
+            if self._fail > 0:
+                self._fail -= 1
+                self.refused += 1
+                return False
+            self._spans.extend(decode_request(request))
+            return True
+
+    def spans(self) -> list[ReceivedSpan]:
+        with self._lock:
+            return list(self._spans)
+
+
+class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]
+    def __init__(self, collected: _Collected) -> None:
+        self._collected = collected
+
+    def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 - generated name
+        headers = {k: v for k, v in context.invocation_metadata()}
+        if not self._collected.take(request, headers):
+            context.abort(grpc.StatusCode.UNAVAILABLE, "receiver told to fail")
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+class GrpcReceiver(_Collected):
+    """``TraceService/Export`` over gRPC (grpcio) on 127.0.0.1."""
+
+    def __init__(self, port: int = 0) -> None:
+        super().__init__()
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(self),
+                                                                  self._server)
+        self.port = self._server.add_insecure_port(f"127.0.0.1:{port}")
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> GrpcReceiver:
+        self._server.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.stop(grace=None).wait(5)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _HttpServer
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        length = int(self.headers.get("Content-Length", "0"))
+        body = self.rfile.read(length)
+        if self.path != "/v1/traces":
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        encoding = self.headers.get("Content-Encoding", "")
+        if encoding == "gzip":
+            body = gzip.decompress(body)
+        elif encoding == "deflate":
+            body = zlib.decompress(body)
+        request = trace_service_pb2.ExportTraceServiceRequest()
+        request.ParseFromString(body)
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        if not self.server.collected.take(request, headers):
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - base signature
+        return None
+
+
+class _HttpServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    collected: _Collected
+
+
+class HttpReceiver(_Collected):
+    """``POST /v1/traces`` (OTLP/HTTP, protobuf) on 127.0.0.1."""
+
+    def __init__(self, port: int = 0) -> None:
+        super().__init__()
+        self._server = _HttpServer(("127.0.0.1", port), _Handler)
+        self._server.collected = self
+        self.port = self._server.server_address[1]
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.endpoint = self.base + "/v1/traces"
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def __enter__(self) -> HttpReceiver:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)

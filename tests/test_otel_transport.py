@@ -1,0 +1,171 @@
+"""The page transport: export once per page, retry until accepted, map once."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from agentrt.events import Event
+from agentrt_otel import Backoff, ExportStopped, OTelSink, SpanMapper, SpanRecord
+from agentrt_otel.testing import EventStream, scenario_completed, scenario_model_retry
+
+FAST = Backoff(initial=0.001, maximum=0.005)
+
+
+class FakeExporter(SpanExporter):
+    """Answers from a script of results (then SUCCESS); keeps every call."""
+
+    def __init__(self, script: Sequence[SpanExportResult | Exception] = ()) -> None:
+        self.script = list(script)
+        self.calls: list[list[ReadableSpan]] = []
+        self.shutdowns = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.calls.append(list(spans))
+        if self.script:
+            result = self.script.pop(0)
+            if isinstance(result, Exception):
+                raise result
+            return result
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        self.shutdowns += 1
+
+
+class CountingMapper(SpanMapper):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[int] = []
+
+    def map(self, event: Event) -> list[SpanRecord]:
+        self.seen.append(event.seq)
+        return super().map(event)
+
+
+def events() -> list[Event]:
+    s = EventStream("r")
+    scenario_completed(s)
+    s.use("m")
+    scenario_model_retry(s)
+    return s.events
+
+
+def test_one_export_call_per_page_with_that_pages_finished_spans() -> None:
+    exporter = FakeExporter()
+    sink = OTelSink(exporter)
+    evs = events()
+    sink.handle_page(evs[:10])
+    sink.handle_page(evs[10:])
+    assert [len(c) for c in exporter.calls] == [2, 10]
+    assert sink.exported == 12 and sink.pending == 0
+
+
+def test_a_page_that_finishes_no_span_sends_nothing() -> None:
+    exporter = FakeExporter()
+    OTelSink(exporter).handle_page(events()[:3])
+    assert exporter.calls == []
+
+
+def test_a_large_page_is_sent_in_batches() -> None:
+    exporter = FakeExporter()
+    OTelSink(exporter, max_batch=5).handle_page(events())
+    assert [len(c) for c in exporter.calls] == [5, 5, 2]
+
+
+def test_a_failed_export_is_retried_with_the_same_spans_and_no_event_is_mapped_twice() -> None:
+    failure = SpanExportResult.FAILURE
+    exporter = FakeExporter([failure, RuntimeError("encoder bug"), failure])
+    mapper = CountingMapper()
+    sink = OTelSink(exporter, mapper=mapper, backoff=FAST)
+    evs = events()
+    sink.handle_page(evs)
+    assert len(exporter.calls) == 4
+    first = exporter.calls[0]
+    assert all([id(s) for s in c] == [id(s) for s in first] for c in exporter.calls)
+    assert mapper.seen == [e.seq for e in evs]
+
+
+def test_backoff_doubles_with_jitter_up_to_its_cap() -> None:
+    backoff = Backoff(initial=1.0, maximum=30.0, jitter=0.2)
+    for attempt, base in [(0, 1.0), (1, 2.0), (3, 8.0), (10, 30.0), (500, 30.0)]:
+        delay = backoff.delay(attempt)
+        assert base * 0.8 <= delay <= base * 1.2
+
+
+def test_a_stop_cuts_the_wait_short_and_leaves_the_page_unacknowledged() -> None:
+    exporter = FakeExporter([SpanExportResult.FAILURE] * 1000)
+    stop = threading.Event()
+    sink = OTelSink(exporter, stop=stop, backoff=Backoff(initial=30.0, maximum=30.0))
+    threading.Timer(0.05, stop.set).start()
+    began = time.monotonic()
+    with pytest.raises(ExportStopped):
+        sink.handle_page(events())
+    assert time.monotonic() - began < 2
+    assert sink.pending == 12 and sink.exported == 0
+
+
+def test_a_stop_while_the_collector_is_healthy_still_delivers_the_page_in_hand() -> None:
+    stop = threading.Event()
+    stop.set()
+    exporter = FakeExporter()
+    sink = OTelSink(exporter, stop=stop)
+    sink.handle_page(events())
+    assert sink.exported == 12
+
+
+def test_handing_in_a_page_again_after_a_stop_sends_the_pending_spans_and_maps_nothing_twice(
+) -> None:
+    exporter = FakeExporter([SpanExportResult.FAILURE])
+    stop = threading.Event()
+    stop.set()  # the first failure ends the call at once
+    mapper = CountingMapper()
+    sink = OTelSink(exporter, stop=stop, mapper=mapper)
+    evs = events()
+    with pytest.raises(ExportStopped):
+        sink.handle_page(evs[:20])
+    sink.handle_page(evs[:20])  # the follower retries the same page
+    sink.handle_page(evs[20:])
+    assert mapper.seen == [e.seq for e in evs]
+    sent = [s.context.span_id for c in exporter.calls[1:] for s in c if s.context]
+    whole = [r.span_id for r in SpanMapper().map_all(evs)]
+    assert sent == whole
+
+
+def test_recovery_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    exporter = FakeExporter([SpanExportResult.FAILURE] * 3)
+    OTelSink(exporter, backoff=FAST).handle_page(events())
+    failed = [r for r in caplog.records if "retrying with backoff" in r.getMessage()]
+    recovered = [r for r in caplog.records if "accepted spans again" in r.getMessage()]
+    assert len(failed) == 1 and len(recovered) == 1
+    assert "after 3 failed attempts" in recovered[0].getMessage()
+
+
+def test_close_stops_and_shuts_the_exporter_down_once() -> None:
+    exporter = FakeExporter()
+    sink = OTelSink(exporter)
+    sink.close()
+    sink.close()
+    assert exporter.shutdowns == 1
+    assert sink.stop_event.is_set()
+
+
+def test_close_from_another_thread_ends_a_retry_loop() -> None:
+    exporter = FakeExporter([SpanExportResult.FAILURE] * 1000)
+    sink = OTelSink(exporter, backoff=Backoff(initial=30.0, maximum=30.0))
+    threading.Timer(0.05, sink.close).start()
+    with pytest.raises(ExportStopped):
+        sink.handle_page(events())
+
+
+def test_without_an_exporter_events_are_mapped_and_spans_dropped() -> None:
+    mapper = CountingMapper()
+    sink = OTelSink(None, mapper=mapper)
+    sink.handle_page(events())
+    assert sink.pending == 0 and sink.exported == 0
+    assert len(mapper.seen) == len(events())
