@@ -1,0 +1,437 @@
+"""Render events for people (an aligned line) and for log tools (JSON Lines).
+
+Two outputs, both fed one event at a time by the driver's observers or by the
+exporter:
+
+* :func:`writer` prints one aligned line per event for a terminal. Payloads
+  come from agents and tools, so they pass through :func:`sanitize` first:
+  nothing in them can move the cursor, recolour the terminal, reorder the text
+  (bidi overrides) or hide characters.
+* :func:`jsonl` writes :func:`jsonl_record`, the one JSON Lines record. The
+  export sink (:class:`agentrt_export.JSONLSink`) writes the same function's
+  bytes, so a live trace and a later export of the same events are identical.
+
+Streams may be binary or text. Binary (``sys.stdout.buffer``, a file opened
+``"wb"``) is preferred: the bytes written are exactly the record's, with no
+encoding or newline translation in between.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from functools import cache
+from typing import IO, Any
+
+import orjson
+
+from agentrt.events import Event, Observer
+from agentrt.gojson import encode_string
+from agentrt.timefmt import format_time_nano
+
+__all__ = [
+    "LineWriter",
+    "aligned_line",
+    "jsonl",
+    "jsonl_record",
+    "jsonl_with_err",
+    "sanitize",
+    "writer",
+    "writer_with_err",
+]
+
+# --------------------------------------------------------------------------
+# sanitize
+
+#: Characters escaped or replaced one by one: C0, DEL, C1, lone surrogates (what
+#: undecodable bytes become) and the invisible format characters that can
+#: reorder or hide text. The tag block, the only such range above the BMP,
+#: is kept apart (see _unicode_pattern).
+_SPECIAL = (
+    "\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e"
+    "\u2060-\u2064\u2066-\u2069\ufeff\ud800-\udfff"
+)
+_TAGS = "\U000e0000-\U000e007f"
+_ASTRAL = "\U00010000-\U0010ffff"
+_ASCII_SPECIAL = re.compile("[\x00-\x1f\x7f]")
+
+#: How many combining marks one base character may carry before the rest are
+#: dropped (stacked marks, "Zalgo text", can cover neighbouring lines).
+_MAX_MARKS = 4
+
+
+def _mark_ranges() -> tuple[str, str]:
+    """Regex class bodies for every combining mark (category M) Python knows:
+    those in the BMP, and those above it.
+
+    Marks live only in planes 0, 1 and 14, so scanning those (some 40 ms, once,
+    on the first non-ASCII text) finds all of them; a test checks the pattern
+    against the whole of Unicode.
+    """
+    from unicodedata import category
+
+    bmp: list[str] = []
+    astral: list[str] = []
+    start = -1
+    for cp in [*range(0x300, 0x20000), *range(0xE0000, 0xE1000), 0x110000]:
+        is_mark = cp < 0x110000 and category(chr(cp))[0] == "M"
+        if is_mark and start < 0:
+            start = cp
+        elif not is_mark and start >= 0:
+            end = cp - 1
+            part = chr(start) if start == end else f"{chr(start)}-{chr(end)}"
+            (bmp if end <= 0xFFFF else astral).append(part)
+            start = -1
+    return "".join(bmp), "".join(astral)
+
+
+@cache
+def _unicode_pattern() -> re.Pattern[str]:
+    """One special character, or a run of more than four combining marks.
+
+    Shaped for sre's speed: the pattern opens with a single class holding
+    every candidate, so the search skips other text in C, and lookbehinds then
+    say what was found. sre tests a BMP class in constant time but walks a
+    list for astral ranges, so an astral mark costs one range test before its
+    list is consulted.
+    """
+    bmp_marks, astral_marks = _mark_ranges()
+    mark = f"(?:[{bmp_marks}]|[{_ASTRAL}](?<=[{astral_marks}]))"
+    return re.compile(
+        f"[{_SPECIAL}{bmp_marks}{_ASTRAL}]"
+        f"(?:(?<=[{_SPECIAL}{_TAGS}])|(?<={mark}){mark}{{{_MAX_MARKS},}})"
+    )
+
+
+def _fix(m: re.Match[str]) -> str:
+    text = m.group()
+    if len(text) > 1:  # a run of too many combining marks
+        dropped = len(text) - _MAX_MARKS
+        return f"{text[:_MAX_MARKS]}[+{dropped} combining marks dropped]"
+    o = ord(text)
+    if o == 0x0A or o == 0x0D:
+        return " "
+    if o < 0x20 or 0x7F <= o <= 0x9F:
+        return f"\\x{o:02x}"
+    if 0xD800 <= o <= 0xDFFF:
+        return "\ufffd"
+    return f"\\u{{{o:04x}}}"
+
+
+def _fix_ascii(m: re.Match[str]) -> str:
+    o = ord(m.group())
+    return " " if o == 0x0A or o == 0x0D else f"\\x{o:02x}"
+
+
+def sanitize(s: str) -> str:
+    """Make untrusted text safe to print on one terminal line.
+
+    Newlines become spaces; control characters become ``\\xHH``; invisible
+    format characters (bidi controls, zero-width characters, line and
+    paragraph separators, tag characters) become ``\\u{xxxx}``; lone
+    surrogates (undecodable bytes) become U+FFFD; more than four combining
+    marks on one character keep four and say how many were dropped. Text
+    that needs none of this is returned as the same object.
+    """
+    if s.isascii():
+        if _ASCII_SPECIAL.search(s) is None:
+            return s
+        return _ASCII_SPECIAL.sub(_fix_ascii, s)
+    pattern = _unicode_pattern()
+    if pattern.search(s) is None:
+        return s
+    return pattern.sub(_fix, s)
+
+
+# --------------------------------------------------------------------------
+# the JSON Lines record
+
+_WHITESPACE = b" \t\n\r"
+#: Valid JSON split into strings and runs of other non-whitespace bytes;
+#: joining them drops exactly the insignificant whitespace.
+_PIECES = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[^" \t\n\r]+', re.DOTALL)
+_loads = orjson.loads
+_dumps = orjson.dumps
+_JSONDecodeError = orjson.JSONDecodeError
+_JSONEncodeError = orjson.JSONEncodeError
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+_STRICT = json.JSONDecoder(parse_constant=_reject_constant, parse_float=str, parse_int=str)
+
+
+def _is_json_slow(payload: bytes) -> bool:
+    """The verdict for what orjson refuses but JSON allows: numbers beyond a
+    double, escaped lone surrogates. Strict UTF-8 first, so no BOM or UTF-16
+    text slips through the stdlib's encoding detection."""
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    try:
+        _STRICT.decode(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
+def _compacted(payload: bytes) -> bytes:
+    """``payload`` (valid JSON) without insignificant whitespace.
+
+    Without an escaped quote every ``"`` delimits a string, so the even
+    pieces of a split on ``"`` are exactly the text outside strings: a path
+    that stays in C and usually finds the whitespace was all inside strings.
+    """
+    find = payload.find
+    if find(b" ") < 0 and find(b"\n") < 0 and find(b"\t") < 0 and find(b"\r") < 0:
+        return payload
+    if b'\\"' in payload:
+        return b"".join(_PIECES.findall(payload))
+    parts = payload.split(b'"')
+    outside = parts[0::2]
+    joined = b"".join(outside)
+    if len(joined.translate(None, _WHITESPACE)) == len(joined):
+        return payload
+    parts[0::2] = [piece.translate(None, _WHITESPACE) for piece in outside]
+    return b'"'.join(parts)
+
+
+def _unparsed(payload: bytes) -> bytes:
+    """What to embed for a payload orjson refused: ``{}`` when it is blank,
+    the payload when the strict check finds it is JSON after all, else the
+    payload as a string followed by the ``invalid_payload`` flag."""
+    if not payload.strip():  # blank as Go's TrimSpace sees it (\v and \f too)
+        return b"{}"
+    if _is_json_slow(payload):
+        return _compacted(payload)
+    text = payload.decode("utf-8", "surrogateescape")  # one U+FFFD per bad byte, as Go
+    return encode_string(text, False).encode("utf-8") + b',"invalid_payload":true'
+
+
+_QUOTED: dict[str, bytes] = {}
+_QUOTED_MAX_ENTRIES = 4096
+_QUOTED_MAX_LEN = 128
+
+
+def _quoted(s: str) -> bytes:
+    """``s`` as a JSON string (Go style, HTML escaping off), memoised because
+    run ids, step ids and types repeat from event to event."""
+    q = encode_string(s, False).encode("utf-8")  # lone surrogates come out escaped
+    if len(s) <= _QUOTED_MAX_LEN:
+        if len(_QUOTED) >= _QUOTED_MAX_ENTRIES:
+            _QUOTED.clear()
+        _QUOTED[s] = q
+    return q
+
+
+_SECONDS: dict[tuple[int, int, int, int, int, int], bytes] = {}
+
+
+def _second(key: tuple[int, int, int, int, int, int]) -> bytes:
+    """The whole-second part of a UTC time, memoised: events come in bursts
+    within a second. Years below 1000 get four digits, as Go writes them."""
+    text = b"%04d-%02d-%02dT%02d:%02d:%02d" % key
+    if len(_SECONDS) >= 1024:
+        _SECONDS.clear()
+    _SECONDS[key] = text
+    return text
+
+
+_RECORD = b'{"seq":%d,"run_id":%b%b,"at":"%b%b","type":%b,"payload":%b}\n'
+
+
+def jsonl_record(event: Event) -> bytes:
+    """The JSON Lines record of ``event``, newline included.
+
+    Keys in order: ``seq``, ``run_id``, ``step_id`` (omitted when empty),
+    ``at`` (RFC 3339 in the time's own zone), ``type``, ``payload`` (the
+    stored JSON, compacted, ``{}`` when blank). A payload that is not JSON is
+    kept as a string with ``"invalid_payload":true`` rather than dropped.
+    HTML characters are written literally, as Go's encoder does with HTML
+    escaping off.
+    """
+    # Written flat on purpose: it runs once per exported event, and a helper
+    # call costs about a tenth of a record.
+    payload = event.payload
+    try:
+        # orjson's output has no whitespace outside strings, so a payload
+        # equal to it is already compact; only the rest is looked at again.
+        if _dumps(_loads(payload)) != payload:
+            payload = _compacted(payload)
+    except _JSONDecodeError:
+        payload = _unparsed(payload)
+    except _JSONEncodeError:  # valid, but an integer orjson cannot write back
+        payload = _compacted(payload)
+
+    t = event.at
+    if t.tzinfo is UTC:  # every time read from a store
+        key = (t.year, t.month, t.day, t.hour, t.minute, t.second)
+        at = _SECONDS.get(key) or _second(key)
+        micro = t.microsecond
+        if micro % 10:  # no trailing zero to trim: nine times in ten
+            at_tail = b".%06dZ" % micro
+        else:
+            at_tail = (b".%06d" % micro).rstrip(b"0") + b"Z" if micro else b"Z"
+    else:
+        at, at_tail = format_time_nano(t).encode(), b""
+
+    run_id, step_id, type_ = event.run_id, event.step_id, event.type
+    return _RECORD % (
+        event.seq,
+        _QUOTED.get(run_id) or _quoted(run_id),
+        b',"step_id":' + (_QUOTED.get(step_id) or _quoted(step_id)) if step_id else b"",
+        at,
+        at_tail,
+        _QUOTED.get(type_) or _quoted(type_),
+        payload,
+    )
+
+
+# --------------------------------------------------------------------------
+# the aligned line
+
+
+def _local_stamp(t: datetime) -> str:
+    """``2006-01-02 15:04:05.000 -0700`` in the local zone, milliseconds
+    truncated as Go's layout does."""
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
+    try:
+        local = t.astimezone()
+    except (OverflowError, ValueError):  # near year 1 or 9999: keep its own zone
+        local = t
+    offset = int((local.utcoffset() or timedelta(0)).total_seconds())
+    sign = "-" if offset < 0 else "+"
+    minutes = abs(offset) // 60
+    return (
+        f"{local.year:04d}-{local.month:02d}-{local.day:02d} "
+        f"{local.hour:02d}:{local.minute:02d}:{local.second:02d}.{local.microsecond // 1000:03d} "
+        f"{sign}{minutes // 60:02d}{minutes % 60:02d}"
+    )
+
+
+def aligned_line(event: Event) -> str:
+    """One terminal line: local time, two spaces, the type padded to 22
+    columns, a space and the sanitized payload. The type is sanitized too:
+    a database read later may hold anything in that column."""
+    payload = sanitize(event.payload.decode("utf-8", "surrogateescape"))
+    return f"{_local_stamp(event.at)}  {sanitize(event.type):<22} {payload}\n"
+
+
+# --------------------------------------------------------------------------
+# writing whole lines
+
+
+def _is_text(stream: Any) -> bool:
+    return isinstance(stream, io.TextIOBase) or (
+        hasattr(stream, "encoding") and hasattr(stream, "buffer")
+    )
+
+
+class LineWriter:
+    """Writes whole lines to one stream from many threads.
+
+    A lock keeps concurrent lines whole. The first write (or flush) failure
+    is remembered: every later line fails with it too, so whoever feeds the
+    writer stops at the first lost line instead of leaving a gap.
+    """
+
+    def __init__(self, stream: IO[bytes] | IO[str], *, flush_each: bool = True) -> None:
+        self._stream: Any = stream
+        self._text = _is_text(stream)
+        self._flush_each = flush_each and hasattr(stream, "flush")
+        self._lock = threading.Lock()
+        self._err: Exception | None = None
+
+    def err(self) -> Exception | None:
+        """The first failure, or None."""
+        return self._err
+
+    def write(self, line: bytes | str) -> None:
+        """Write ``line`` whole (and flush, if asked to); raise on failure."""
+        with self._lock:
+            if self._err is not None:
+                raise self._err.with_traceback(None)
+            try:
+                if self._text:
+                    self._stream.write(line.decode("utf-8") if isinstance(line, bytes) else line)
+                else:
+                    self._write_bytes(line.encode("utf-8") if isinstance(line, str) else line)
+                if self._flush_each:
+                    self._stream.flush()
+            except Exception as exc:
+                self._err = exc
+                raise
+
+    def _write_bytes(self, data: bytes) -> None:
+        n = self._stream.write(data)
+        if n is None or n >= len(data):  # None: a writer that does not count
+            return
+        view = memoryview(data)[n:]  # a raw stream may take part of it
+        while view:
+            n = self._stream.write(view)
+            if n is None:
+                return
+            if n == 0:
+                raise OSError("write took no bytes")
+            view = view[n:]
+
+    def flush(self) -> None:
+        """Push buffered lines to the stream's destination; raise on failure."""
+        with self._lock:
+            if self._err is not None:
+                raise self._err.with_traceback(None)
+            if not hasattr(self._stream, "flush"):
+                return
+            try:
+                self._stream.flush()
+            except Exception as exc:
+                self._err = exc
+                raise
+
+
+def _observer(
+    stream: IO[bytes] | IO[str], render: Callable[[Event], bytes | str]
+) -> tuple[Observer, Callable[[], Exception | None]]:
+    out = LineWriter(stream)
+    write = out.write
+
+    def observe(event: Event) -> None:
+        # An observer must not break the run it watches; the failure is
+        # reported by the err function instead.
+        with contextlib.suppress(Exception):  # remembered; err() reports it
+            write(render(event))
+
+    return observe, out.err
+
+
+def writer_with_err(
+    stream: IO[bytes] | IO[str],
+) -> tuple[Observer, Callable[[], Exception | None]]:
+    """:func:`writer` plus a function returning the first write failure."""
+    return _observer(stream, aligned_line)
+
+
+def writer(stream: IO[bytes] | IO[str]) -> Observer:
+    """An observer printing one aligned, sanitized line per event (flushed)."""
+    return writer_with_err(stream)[0]
+
+
+def jsonl_with_err(
+    stream: IO[bytes] | IO[str],
+) -> tuple[Observer, Callable[[], Exception | None]]:
+    """:func:`jsonl` plus a function returning the first write failure."""
+    return _observer(stream, jsonl_record)
+
+
+def jsonl(stream: IO[bytes] | IO[str]) -> Observer:
+    """An observer writing :func:`jsonl_record` per event (flushed)."""
+    return jsonl_with_err(stream)[0]

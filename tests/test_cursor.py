@@ -1,0 +1,140 @@
+"""Cursors: where a follower remembers the last delivered seq."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+import pytest
+
+from agentrt.errors import AgentrtError
+from agentrt_export import Cursor, CursorError, FileCursor, MemoryCursor
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_file_cursor_loads_zero_when_missing_and_refuses_garbage(tmp_path):
+    path = tmp_path / "cursor"
+    cursor = FileCursor(path)
+    assert cursor.load() == 0
+    assert not path.exists()
+
+    cursor.save(42)
+    assert cursor.load() == 42
+    assert path.read_bytes() == b"42\n"
+    assert mode(path) == 0o600
+    assert os.listdir(tmp_path) == ["cursor"]  # no temp files left
+
+    path.write_text("not a number")
+    with pytest.raises(CursorError) as caught:
+        cursor.load()
+    assert str(caught.value) == (
+        f"export: load cursor: {path} does not hold a sequence number; "
+        "delete it to start over or restore it from a backup"
+    )
+    assert isinstance(caught.value, AgentrtError)
+    assert caught.value.path == str(path)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"-1\n", b"+5\n", b"", b"\n", b"4_2\n", "٤٢".encode(), b"0x10", b"1 2", b"9223372036854775808",
+     b"7" * 100],
+)  # fmt: skip
+def test_file_cursor_refuses_what_is_not_a_non_negative_decimal(tmp_path, content):
+    path = tmp_path / "cursor"
+    path.write_bytes(content)
+    with pytest.raises(CursorError, match="does not hold a sequence number"):
+        FileCursor(path).load()
+
+
+def test_file_cursor_trims_whitespace_and_takes_the_largest_seq(tmp_path):
+    path = tmp_path / "cursor"
+    path.write_bytes(b" 7 \r\n")
+    assert FileCursor(path).load() == 7
+    path.write_bytes(b"9223372036854775807\n")
+    assert FileCursor(path).load() == 2**63 - 1
+
+
+def test_file_cursor_reports_a_file_it_cannot_read(tmp_path):
+    (tmp_path / "cursor").mkdir()
+    with pytest.raises(CursorError, match=r"^export: load cursor: cannot read .*cursor"):
+        FileCursor(tmp_path / "cursor").load()
+
+
+@pytest.mark.parametrize("fail", ["replace", "fsync"])
+def test_failed_save_leaves_the_old_cursor_intact(tmp_path, monkeypatch, fail):
+    path = tmp_path / "cursor"
+    cursor = FileCursor(path)
+    cursor.save(5)
+
+    def no_space(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, fail, no_space)
+    with pytest.raises(CursorError, match=r"^export: save cursor: .*No space left on device"):
+        cursor.save(6)
+    monkeypatch.undo()
+    assert cursor.load() == 5
+    assert os.listdir(tmp_path) == ["cursor"]
+
+
+def test_save_into_a_missing_directory_is_a_cursor_error(tmp_path):
+    with pytest.raises(CursorError, match="save cursor"):
+        FileCursor(tmp_path / "gone" / "cursor").save(1)
+
+
+def test_file_cursor_is_0600_whatever_the_umask_or_the_old_mode(tmp_path):
+    path = tmp_path / "cursor"
+    path.write_bytes(b"1\n")
+    path.chmod(0o644)
+    old = os.umask(0o277)
+    try:
+        FileCursor(path).save(2)
+    finally:
+        os.umask(old)
+    assert mode(path) == 0o600
+    assert FileCursor(path).load() == 2
+
+
+def test_file_cursor_syncs_the_file_and_then_its_directory(tmp_path, monkeypatch):
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd):
+        synced.append("dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    FileCursor(tmp_path / "cursor").save(3)
+    assert synced == ["file", "dir"]
+
+
+def test_file_cursor_works_in_the_current_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cursor = FileCursor("cursor")
+    cursor.save(8)
+    assert cursor.load() == 8
+    assert os.listdir(tmp_path) == ["cursor"]
+
+
+def test_file_cursor_refuses_to_save_a_negative_seq(tmp_path):
+    with pytest.raises(ValueError):
+        FileCursor(tmp_path / "cursor").save(-1)
+    assert not (tmp_path / "cursor").exists()
+
+
+def test_memory_cursor_holds_the_last_saved_seq():
+    cursor = MemoryCursor()
+    assert cursor.load() == 0
+    cursor.save(12)
+    assert cursor.load() == 12 and cursor.seq == 12
+    assert MemoryCursor(seq=4).load() == 4
+
+
+def test_both_cursors_meet_the_cursor_protocol(tmp_path):
+    assert isinstance(MemoryCursor(), Cursor)
+    assert isinstance(FileCursor(tmp_path / "c"), Cursor)

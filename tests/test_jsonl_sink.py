@@ -1,0 +1,120 @@
+"""The JSON Lines sink: the live trace's bytes, written for the follower."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from agentrt.events import Event
+from agentrt.trace import jsonl, jsonl_record
+from agentrt_export import JSONLSink
+
+ROOT = Path(__file__).resolve().parent.parent
+AT = datetime(2026, 9, 25, 14, 3, 4, 500000, tzinfo=UTC)
+
+EVENTS = [
+    Event(1, "run-1", "", AT, "run.created", b'{"goal":"a"}'),
+    Event(2, "run-1", "step-1", AT, "step.decided", b'{"a":"<b>&"}'),
+    Event(3, "run-1", "step-1", AT, "step.tool_finished", b'{ "out" : "x\\ny" }'),
+    Event(4, "run-1", "", AT, "run.finished", b""),
+    Event(5, "run-1", "", AT, "future.event", b"not json"),
+]
+
+
+class BrokenStream(io.RawIOBase):
+    """Writes fail, as on a full disk."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:  # type: ignore[override]
+        self.calls += 1
+        raise OSError(28, "No space left on device")
+
+
+def test_jsonl_sink_writes_the_bytes_of_the_live_trace():
+    live, exported = io.BytesIO(), io.BytesIO()
+    observe = jsonl(live)
+    sink = JSONLSink(exported)
+    for e in EVENTS:
+        observe(e)
+        sink(e)
+    sink.flush()
+    assert exported.getvalue() == live.getvalue()
+    assert exported.getvalue() == b"".join(jsonl_record(e) for e in EVENTS)
+
+
+def test_jsonl_sink_writes_to_a_text_stream():
+    out = io.StringIO()
+    sink = JSONLSink(out)
+    for e in EVENTS:
+        sink(e)
+    sink.flush()
+    assert out.getvalue().encode() == b"".join(jsonl_record(e) for e in EVENTS)
+
+
+def test_jsonl_sink_raises_a_write_failure_and_keeps_raising_it():
+    out = BrokenStream()
+    sink = JSONLSink(out)
+    with pytest.raises(OSError) as first:
+        sink(EVENTS[0])
+    with pytest.raises(OSError) as second:
+        sink(EVENTS[1])
+    assert second.value is first.value
+    assert sink.err() is first.value
+    with pytest.raises(OSError):
+        sink.flush()
+    assert out.calls == 1
+
+
+def test_jsonl_sink_flush_reports_a_reader_that_went_away(tmp_path):
+    read_fd, write_fd = os.pipe()
+    os.close(read_fd)
+    with open(write_fd, "wb") as stream:  # buffered: the write itself succeeds
+        sink = JSONLSink(stream)
+        sink(EVENTS[0])
+        with pytest.raises(BrokenPipeError):
+            sink.flush()
+        with pytest.raises(BrokenPipeError):
+            sink(EVENTS[1])
+        stream.raw.close()  # nothing left to flush into a closed pipe
+
+
+def test_jsonl_sink_leaves_records_buffered_until_flush(tmp_path):
+    path = tmp_path / "out.jsonl"
+    with open(path, "wb") as stream:
+        sink = JSONLSink(stream)
+        sink(EVENTS[0])
+        assert path.read_bytes() == b""
+        sink.flush()
+        assert path.read_bytes() == jsonl_record(EVENTS[0])
+
+
+def test_jsonl_sink_writes_to_stdout_buffer_in_a_real_process():
+    code = (
+        "import sys\n"
+        "from datetime import UTC, datetime\n"
+        "from agentrt.events import Event\n"
+        "from agentrt_export import JSONLSink\n"
+        "sink = JSONLSink(sys.stdout.buffer)\n"
+        "at = datetime(2026, 9, 25, 14, 3, 4, 500000, tzinfo=UTC)\n"
+        "sink(Event(2, 'run-1', 'step-1', at, 'step.decided', b'{\"a\":\"<b>&\\xc3\\xa9\"}'))\n"
+        "sink.flush()\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONIOENCODING="ascii")
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, check=True, timeout=60
+    )
+    expected = jsonl_record(
+        Event(2, "run-1", "step-1", AT, "step.decided", '{"a":"<b>&é"}'.encode())
+    )
+    assert done.stdout == expected
