@@ -1,0 +1,182 @@
+"""``agentrt-export``: ship a database's events to log tooling or a collector.
+
+Records go to stdout, diagnostics to stderr. SIGTERM and SIGINT finish the
+page in hand, save the cursor and exit 0; a closed pipe (``| head``) ends
+quietly without saving past what was written. Exit codes: 0 ok, 1 failure,
+2 usage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import click
+
+from agentrt.clitools import run_click
+from agentrt.errors import AgentrtError
+from agentrt.store import Store, open_existing
+from agentrt_export.cursor import Cursor, FileCursor, MemoryCursor
+from agentrt_export.follower import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, Follower, Sink
+from agentrt_export.sinks import JSONLSink
+
+__all__ = ["FollowSettings", "follower_options", "main", "run_follower"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Below this many events behind, no progress line is worth drawing.
+_PROGRESS_BACKLOG = 10_000
+
+
+@dataclass(frozen=True)
+class FollowSettings:
+    """The follower options every ``agentrt-export`` subcommand shares."""
+
+    db: str
+    cursor_file: str | None
+    run: str | None
+    after_seq: int | None
+    follow: bool
+    interval: float | None
+    page_size: int
+
+
+def follower_options(fn: F) -> F:
+    """Declare the shared follower options once (used by ``jsonl`` and ``otel``)."""
+    options = [
+        click.option("--db", envvar="AGENTRT_DB", metavar="PATH",
+                     help="The database to read (default: $AGENTRT_DB). Opened read-only."),
+        click.option("--cursor-file", metavar="FILE",
+                     help="Where the position is kept across runs (created 0600)."),
+        click.option("--run", "run", metavar="ID", help="Only this run's events."),
+        click.option("--after-seq", type=click.IntRange(min=0), metavar="N",
+                     help="Start after this seq instead of a cursor file."),
+        click.option("--follow", "-f", is_flag=True,
+                     help="Keep following new commits until SIGTERM or SIGINT."),
+        click.option("--interval", type=click.FloatRange(min=0), metavar="SECONDS",
+                     help="Longest wait between checks once caught up "
+                          "(default: 1 s with change notification, else 5 ms)."),
+        click.option("--page-size", type=click.IntRange(min=1, max=MAX_PAGE_SIZE),
+                     default=DEFAULT_PAGE_SIZE, show_default=True,
+                     help="Events per read; at most one page is delivered again after "
+                          "a hard kill."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def settings_from(**kw: Any) -> FollowSettings:
+    if not kw.get("db"):
+        raise click.UsageError("no database: pass --db or set AGENTRT_DB")
+    if kw.get("cursor_file") and kw.get("after_seq") is not None:
+        raise click.UsageError("pass --cursor-file or --after-seq, not both")
+    return FollowSettings(kw["db"], kw.get("cursor_file"), kw.get("run"), kw.get("after_seq"),
+                          bool(kw.get("follow")), kw.get("interval"), kw["page_size"])
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[threading.Event]:
+    """A stop event set by SIGTERM and SIGINT, handlers restored afterwards."""
+    stop = threading.Event()
+
+    def handler(signum: int, frame: object) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _progress(store: Store) -> Callable[[int, int], None] | None:
+    if not sys.stderr.isatty():
+        return None
+    head, _ = store.chain_head()
+    state = {"shown": False}
+
+    def on_page(seq: int, count: int) -> None:
+        if head - seq < _PROGRESS_BACKLOG and not state["shown"]:
+            return
+        state["shown"] = True
+        done = seq >= head
+        sys.stderr.write(f"\rexported through seq {seq} of {head}" + ("\n" if done else ""))
+        sys.stderr.flush()
+
+    return on_page
+
+
+def run_follower(settings: FollowSettings, make_sink: Callable[[Store], Sink]) -> None:
+    """Open read-only, follow into the sink, and turn expected failures into exit codes."""
+    try:
+        store = open_existing(settings.db, read_only=True)
+    except AgentrtError as exc:
+        raise click.ClickException(str(exc)) from None
+    with store:
+        cursor: Cursor | None = None
+        if settings.cursor_file:
+            cursor = FileCursor(settings.cursor_file)
+        elif settings.after_seq is not None:
+            cursor = MemoryCursor(settings.after_seq)
+        follower = Follower(
+            store,
+            run_id=settings.run,
+            cursor=cursor,
+            interval=settings.interval,
+            page_size=settings.page_size,
+            once=not settings.follow,
+            on_page=_progress(store),
+        )
+        with _stop_on_signals() as stop:
+            try:
+                follower.follow(make_sink(store), stop)
+            except BrokenPipeError:
+                # The reader went away (``| head``): end quietly; the cursor was
+                # not saved past what reached the pipe.
+                _silence_stdout()
+            except AgentrtError as exc:
+                raise click.ClickException(str(exc)) from None
+            except OSError as exc:
+                raise click.ClickException(f"writing events: {exc.strerror or exc}") from None
+
+
+def _silence_stdout() -> None:
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """Ship agentrt events, read-only, to log tooling or an OpenTelemetry collector."""
+
+
+@cli.command()
+@follower_options
+def jsonl(**kw: Any) -> None:
+    """Write events as JSON Lines on stdout, one object per event.
+
+    Each record holds seq, run_id, step_id (left out when empty), at, type and
+    payload. seq is unique in a database, so a downstream store can
+    deduplicate on it.
+    """
+    settings = settings_from(**kw)
+    run_follower(settings, lambda store: JSONLSink(sys.stdout.buffer))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: exit 0 ok, 1 on failure (``error: <sentence>``), 2 on usage."""
+    sys.exit(run_click(cli, "agentrt-export", argv))
+
+
+if __name__ == "__main__":
+    main()

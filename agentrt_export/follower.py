@@ -1,0 +1,232 @@
+"""The Follower: pages the events table by its seq cursor into a sink, read-only.
+
+Seq is assigned by the writer inside its IMMEDIATE transaction, so it rises
+in commit order across every run and is never reused: a reader always sees a
+prefix of the seq order, and the seq of the last event a sink accepted is a
+safe place to resume. The follower saves that cursor after each page and
+before every return that follows a delivery, which makes delivery exactly
+once across clean stops and at least once (at most one page again) after a
+hard kill. It never writes the database and holds no read transaction while
+the sink runs, so it never stops the writer's checkpoints.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+from agentrt.errors import AgentrtError
+from agentrt.events import Event
+from agentrt.store import Store
+from agentrt_export.cursor import Cursor, MemoryCursor
+from agentrt_export.wake import ChangeWaiter, open_waiter
+
+__all__ = [
+    "DEFAULT_PAGE_SIZE",
+    "MAX_INTERVAL",
+    "MAX_PAGE_SIZE",
+    "EventSink",
+    "FollowError",
+    "Follower",
+    "PageSink",
+]
+
+DEFAULT_PAGE_SIZE = 500
+MAX_PAGE_SIZE = 10_000
+MAX_INTERVAL = 60.0
+#: Longest wait between checks when a change notification ends waits early.
+NOTIFIED_INTERVAL = 1.0
+#: Wait between checks when no change notification is available.
+POLL_INTERVAL = 0.005
+#: After a notification with nothing new yet (the writer is still syncing its
+#: commit), check this often for this long before sleeping again.
+SETTLE_POLL = 0.001
+SETTLE_WINDOW = 0.2
+
+
+class FollowError(AgentrtError):
+    """The follower cannot start or go on: bad settings, or a cursor that does
+    not fit the database."""
+
+    base = "export"
+
+
+class EventSink(Protocol):
+    """Receives one event at a time; raising refuses the event and stops the follower.
+
+    If the sink has a ``flush()`` method, the follower calls it after each page
+    and saves the cursor only once it returns.
+    """
+
+    def __call__(self, event: Event) -> None: ...
+
+
+@runtime_checkable
+class PageSink(Protocol):
+    """Receives a whole page; the page counts as delivered only if it returns."""
+
+    def write_page(self, events: Sequence[Event]) -> None: ...
+
+
+Sink = EventSink | PageSink | Callable[[Event], None]
+
+
+class Follower:
+    """Follow the events of one run (``run_id``) or of all runs, in commit order.
+
+    ``store`` should come from ``open_existing(path, read_only=True)``.
+    ``cursor`` holds the position (None: start at 0 and remember nothing).
+    ``interval`` is the longest wait between checks once caught up: on Linux a
+    change to the database's files ends the wait at once, so the default is a
+    second there and 5 ms elsewhere. ``once`` returns as soon as everything
+    committed at that moment has been delivered.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        run_id: str | None = None,
+        cursor: Cursor | None = None,
+        interval: float | None = None,
+        page_size: int = DEFAULT_PAGE_SIZE,
+        once: bool = False,
+        on_page: Callable[[int, int], None] | None = None,
+    ) -> None:
+        if store is None:
+            raise FollowError("Follower needs a store")
+        if interval is not None and interval < 0:
+            raise FollowError(f"interval {interval} is negative")
+        if page_size < 0:
+            raise FollowError(f"page size {page_size} is negative")
+        self.store = store
+        self.run_id = run_id or ""
+        self.cursor: Cursor = cursor if cursor is not None else MemoryCursor()
+        self._keeps_cursor = cursor is not None
+        self.interval = None if interval is None else min(interval, MAX_INTERVAL)
+        self.page_size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        self.once = once
+        self.on_page = on_page
+
+    # -- position --------------------------------------------------------------
+
+    def _start_seq(self) -> int:
+        seq = self.cursor.load()
+        if seq < 0:
+            raise FollowError(f"cursor {seq} is negative")
+        if seq:
+            head, _ = self.store.chain_head()
+            if seq > head:
+                raise FollowError(
+                    f"the cursor is at seq {seq} but {self.store.path} ends at seq {head}: "
+                    "the database was replaced or restored from a backup; delete the "
+                    "cursor file to start over, or start after a seq the database has"
+                )
+        return seq
+
+    def head(self) -> tuple[int, str]:
+        """(seq, hash) of the last event delivered, for ``agentrt verify --head``.
+
+        The hash covers every run's events up to that seq, even for a one-run
+        follower. (0, '') before anything was delivered or without a cursor.
+        Reads the cursor and one row; callable while ``follow`` runs.
+        """
+        if not self._keeps_cursor:
+            return 0, ""
+        seq = self.cursor.load()
+        if seq <= 0:
+            return 0, ""
+        try:
+            return seq, self.store.event_hash(seq)
+        except AgentrtError as exc:
+            raise FollowError(f"head at seq {seq}: {exc}") from exc
+
+    # -- delivery --------------------------------------------------------------
+
+    def _deliver(self, page: list[Event], sink: Sink) -> int:
+        """Hand one page to the sink and save the cursor; the new position."""
+        if isinstance(sink, PageSink):
+            sink.write_page(page)
+            last = page[-1].seq
+            self.cursor.save(last)
+            return last
+        last = 0
+        try:
+            for event in page:
+                sink(event)
+                last = event.seq
+        except Exception:
+            # The sink refused an event: keep what it accepted before it, if
+            # that reached the sink's stream, so a restart begins with the
+            # refused event. (BaseException, e.g. a hard kill, saves nothing.)
+            if last and _flush(sink):
+                self.cursor.save(last)
+            raise
+        if not _flush(sink, raising=True):
+            return page[0].seq - 1  # pragma: no cover - _flush raised
+        self.cursor.save(last)
+        return last
+
+    def follow(self, sink: Sink, stop: threading.Event | None = None) -> None:
+        """Deliver every event after the cursor, then (unless ``once``) wait for more.
+
+        Returns when ``stop`` is set (after finishing the page in hand and saving
+        the cursor) or, with ``once``, when caught up. A sink exception stops the
+        follower with the cursor just before the refused event and propagates.
+        """
+        if sink is None:
+            raise FollowError("sink is None")
+        stop = stop if stop is not None else threading.Event()
+        seq = self._start_seq()
+        waiter: ChangeWaiter | None = None
+        try:
+            while True:
+                version = self.store.data_version()
+                page = self.store.list_events_after(self.run_id, seq, self.page_size)
+                if page:
+                    seq = self._deliver(page, sink)
+                    if self.on_page is not None:
+                        self.on_page(seq, len(page))
+                if len(page) == self.page_size and not stop.is_set():
+                    continue
+                if self.once or stop.is_set():
+                    return
+                if waiter is None:
+                    waiter = open_waiter(self.store.path)
+                if not self._wait_for_change(version, waiter, stop):
+                    return
+        finally:
+            if waiter is not None:
+                waiter.close()
+
+    def _wait_for_change(self, version: int, waiter: ChangeWaiter, stop: threading.Event) -> bool:
+        """Wait until the database changed since ``version``; False if stopped."""
+        if self.interval is not None:
+            timeout = self.interval
+        else:
+            timeout = NOTIFIED_INTERVAL if waiter.notifies else POLL_INTERVAL
+        settle_until = 0.0
+        while not stop.is_set():
+            if self.store.data_version() != version:
+                return True
+            if time.monotonic() < settle_until:
+                stop.wait(SETTLE_POLL)
+                continue
+            if waiter.wait(timeout, stop):
+                settle_until = time.monotonic() + SETTLE_WINDOW
+        return False
+
+
+def _flush(sink: object, raising: bool = False) -> bool:
+    flush = getattr(sink, "flush", None)
+    if flush is None:
+        return True
+    try:
+        flush()
+        return True
+    except Exception:
+        if raising:
+            raise
+        return False

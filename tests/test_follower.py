@@ -1,0 +1,262 @@
+"""The Follower in one process: order, cursor rules, read-only, bounded pages, head."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import threading
+import time
+from datetime import UTC, datetime
+
+import apsw
+import pytest
+
+from agentrt.events import Event
+from agentrt.records import MAX_PAGE_TEXT
+from agentrt.store import open_existing, open_store
+from agentrt_export import FileCursor, Follower, FollowError, JSONLSink, MemoryCursor
+from eventdb import add_run, make_db
+
+
+class HardKill(BaseException):
+    """Stands for the process dying inside the sink: nothing after it runs."""
+
+
+@pytest.fixture
+def db_path(tmp_path):
+    return str(tmp_path / "runs.db")
+
+
+def collect(follower, **kw):
+    got: list[Event] = []
+    follower.follow(got.append, **kw)
+    return got
+
+
+def test_follower_delivers_every_run_in_commit_order(db_path):
+    writer = make_db(db_path, runs=3, events_per_run=4)
+    stored = [e for r in ("run-0", "run-1", "run-2") for e in writer.list_events(r)]
+    reader = open_existing(db_path)
+    got = collect(Follower(reader, once=True, page_size=5))
+    assert [e.seq for e in got] == sorted(e.seq for e in stored)
+    assert got == sorted(stored, key=lambda e: e.seq)
+    one = collect(Follower(reader, run_id="run-1", once=True, page_size=2))
+    assert [e.seq for e in one] == [e.seq for e in writer.list_events("run-1")]
+
+
+def test_follower_delivers_exactly_once_across_restarts(db_path, tmp_path):
+    writer = make_db(db_path, runs=2, events_per_run=5)
+    reader = open_existing(db_path)
+    cursor = FileCursor(str(tmp_path / "cursor"))
+    first = collect(Follower(reader, cursor=cursor, once=True, page_size=3))
+    assert cursor.load() == first[-1].seq == 10
+    add_run(writer, "run-2", 4)
+    second = collect(Follower(reader, cursor=cursor, once=True, page_size=3))
+    assert [e.run_id for e in second] == ["run-2"] * 4
+    assert not {e.seq for e in first} & {e.seq for e in second}
+    mtime = os.stat(tmp_path / "cursor").st_mtime_ns
+    assert collect(Follower(reader, cursor=cursor, once=True)) == []
+    assert os.stat(tmp_path / "cursor").st_mtime_ns == mtime  # nothing new: not saved
+
+
+def test_follower_saves_no_cursor_when_nothing_was_delivered(db_path, tmp_path):
+    open_store(db_path).close()
+    cursor_path = tmp_path / "cursor"
+    assert collect(Follower(open_existing(db_path), cursor=FileCursor(str(cursor_path)),
+                            once=True)) == []
+    assert not cursor_path.exists()
+
+
+def test_sink_error_stops_with_the_cursor_before_the_refused_event(db_path):
+    make_db(db_path, runs=2, events_per_run=5)
+    cursor = MemoryCursor()
+    calls = []
+
+    def sink(event):
+        calls.append(event.seq)
+        if len(calls) == 4:
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        Follower(open_existing(db_path), cursor=cursor, once=True, page_size=10).follow(sink)
+    assert cursor.load() == calls[2]
+
+
+def test_follower_redelivers_at_most_one_page_after_a_hard_kill(db_path):
+    make_db(db_path, runs=1, events_per_run=12)
+    reader = open_existing(db_path)
+    cursor = MemoryCursor()
+    seen: list[int] = []
+
+    def dying_sink(event):
+        if len(seen) == 6:
+            raise HardKill
+        seen.append(event.seq)
+
+    with pytest.raises(HardKill):
+        Follower(reader, cursor=cursor, once=True, page_size=4).follow(dying_sink)
+    assert cursor.load() == seen[3]  # saved after the first page only
+    again = collect(Follower(reader, cursor=cursor, once=True, page_size=4))
+    assert [e.seq for e in again[:2]] == seen[4:6]  # the page in flight comes again
+    assert seen[:4] + [e.seq for e in again] == list(range(1, 13))
+
+
+def test_follower_rejects_bad_settings(db_path):
+    store = make_db(db_path)
+    with pytest.raises(FollowError):
+        Follower(None)  # type: ignore[arg-type]
+    with pytest.raises(FollowError, match="interval"):
+        Follower(store, interval=-1)
+    with pytest.raises(FollowError, match="page size"):
+        Follower(store, page_size=-1)
+    with pytest.raises(FollowError, match="sink"):
+        Follower(store, once=True).follow(None)  # type: ignore[arg-type]
+
+
+def test_cursor_ahead_of_the_database_is_refused(db_path):
+    make_db(db_path, runs=1, events_per_run=3)
+    follower = Follower(open_existing(db_path), cursor=MemoryCursor(99), once=True)
+    with pytest.raises(FollowError, match=r"seq 99 .* ends at seq 3.*replaced or restored"):
+        follower.follow(lambda e: None)
+
+
+def test_follower_leaves_the_database_file_untouched(db_path, tmp_path):
+    store = make_db(db_path, runs=3, events_per_run=5)
+    store.close()  # checkpoints and removes the WAL
+    before = (hashlib.sha256(open(db_path, "rb").read()).hexdigest(),
+              os.stat(db_path).st_mtime_ns, os.stat(db_path).st_mode)
+    reader = open_existing(db_path)
+    got = collect(Follower(reader, cursor=FileCursor(str(tmp_path / "c")), once=True,
+                           page_size=2))
+    reader.close()
+    assert len(got) == 15
+    after = (hashlib.sha256(open(db_path, "rb").read()).hexdigest(),
+             os.stat(db_path).st_mtime_ns, os.stat(db_path).st_mode)
+    assert after == before
+    wal = db_path + "-wal"
+    assert not os.path.exists(wal) or os.path.getsize(wal) == 0
+
+
+def test_follower_pages_a_large_table_and_caps_huge_payloads(db_path):
+    store = open_store(db_path)
+    big = b'{"args":"' + b"x" * (MAX_PAGE_TEXT + 10) + b'"}'
+    add_run(store, "big", 40, payload=lambda i: big if i % 5 == 0 else b'{"i":%d}' % i)
+    got = collect(Follower(open_existing(db_path), once=True, page_size=7))
+    assert [e.seq for e in got] == [e.seq for e in store.list_events("big")]
+    capped = [json.loads(e.payload) for e in got if e.payload.startswith(b'{"truncated"')]
+    assert len(capped) == 8
+    assert all(c["truncated"] is True and c["length"] == len(big) and c["head"]
+               for c in capped)
+    assert all(len(e.payload) <= MAX_PAGE_TEXT + 100 for e in got)
+
+
+def test_follower_holds_no_read_transaction_while_the_sink_runs(db_path):
+    writer = make_db(db_path, runs=2, events_per_run=5)
+    checkpoints = []
+
+    def sink(event):
+        # A writer can checkpoint all the way (nothing pins the WAL) mid-follow.
+        add_run(writer, f"during-{event.seq}", 1)
+        busy, _, _ = writer.db().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        checkpoints.append(busy)
+
+    Follower(open_existing(db_path), once=True, page_size=3).follow(sink)
+    assert checkpoints and set(checkpoints) == {0}
+
+
+def test_live_follow_delivers_a_later_commit_and_stops_cleanly(db_path):
+    writer = make_db(db_path, runs=1, events_per_run=2)
+    reader = open_existing(db_path)
+    cursor = MemoryCursor()
+    got: list[Event] = []
+    stop = threading.Event()
+    thread = threading.Thread(target=Follower(reader, cursor=cursor).follow,
+                              args=(got.append, stop))
+    thread.start()
+    deadline = time.monotonic() + 10
+    while len(got) < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    add_run(writer, "later", 3)
+    while len(got) < 5 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    stop.set()
+    thread.join(5)
+    assert not thread.is_alive()
+    assert [e.run_id for e in got[2:]] == ["later"] * 3
+    assert cursor.load() == got[-1].seq
+
+
+def test_live_follow_sees_commits_on_the_same_connection(tmp_path):
+    # An in-memory store shared with its writer: no other connection commits.
+    store = open_store(":memory:")
+    got: list[Event] = []
+    stop = threading.Event()
+    thread = threading.Thread(target=Follower(store, interval=0.01).follow,
+                              args=(got.append, stop))
+    thread.start()
+    add_run(store, "mem", 2)
+    deadline = time.monotonic() + 10
+    while len(got) < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    stop.set()
+    thread.join(5)
+    assert [e.run_id for e in got] == ["mem", "mem"]
+
+
+def test_head_is_the_chain_as_far_as_delivered(db_path, tmp_path):
+    writer = make_db(db_path, runs=2, events_per_run=3)
+    reader = open_existing(db_path)
+    cursor = FileCursor(str(tmp_path / "c"))
+    follower = Follower(reader, cursor=cursor, once=True)
+    assert follower.head() == (0, "")
+    collect(follower)
+    seq, digest = follower.head()
+    assert (seq, digest) == writer.chain_head()
+    assert len(digest) == 64
+    report = reader.verify_events(0, seq)
+    assert report.broken is None and report.hash == digest
+    add_run(writer, "unfollowed", 2)
+    assert follower.head() == (seq, digest)
+    assert Follower(reader, once=True).head() == (0, "")
+
+
+def test_jsonl_sink_output_equals_the_live_trace_observer(db_path):
+    from agentrt import trace
+
+    live = io.BytesIO()
+    store = open_store(db_path)
+    observer = trace.jsonl(live)
+    with store.tx(observer) as tx:
+        tx.execute("INSERT INTO runs (id, goal, status, limits_json, created_at) "
+                   "VALUES ('r', 'g', 'RUNNING', '{}', 'x')")
+        tx.append("r", "", datetime.now(UTC), "run.created", b'{"a":"<b>&"}')
+        tx.append("r", "s", datetime.now(UTC), "step.started", {"index": 0})
+    exported = io.BytesIO()
+    Follower(open_existing(db_path), once=True).follow(JSONLSink(exported))
+    assert exported.getvalue() == live.getvalue()
+    assert b'"<b>&"' in exported.getvalue()
+
+
+def test_a_failing_jsonl_stream_stops_the_follower(db_path):
+    make_db(db_path)
+
+    class Broken(io.RawIOBase):
+        def writable(self):
+            return True
+
+        def write(self, b):
+            raise OSError("disk full")
+
+    cursor = MemoryCursor()
+    with pytest.raises(OSError):
+        Follower(open_existing(db_path), cursor=cursor, once=True).follow(JSONLSink(Broken()))
+    assert cursor.load() == 0
+
+
+def test_follower_reads_with_a_read_only_connection(db_path):
+    make_db(db_path)
+    reader = open_existing(db_path)
+    with pytest.raises(apsw.ReadOnlyError):
+        reader.db().execute("DELETE FROM events")
