@@ -6,8 +6,6 @@ usage errors print the usage and exit 2; nothing prints a traceback.
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 __all__ = ["run_click"]

@@ -1,12 +1,26 @@
 """Follow the events table read-only and ship every event, once."""
 
 from agentrt_export.cursor import Cursor, CursorError, FileCursor, MemoryCursor
+from agentrt_export.follower import (
+    DEFAULT_PAGE_SIZE,
+    MAX_PAGE_SIZE,
+    EventSink,
+    Follower,
+    FollowError,
+    PageSink,
+)
 from agentrt_export.sinks import JSONLSink
 
 __all__ = [
+    "DEFAULT_PAGE_SIZE",
+    "MAX_PAGE_SIZE",
     "Cursor",
     "CursorError",
+    "EventSink",
     "FileCursor",
+    "FollowError",
+    "Follower",
     "JSONLSink",
     "MemoryCursor",
+    "PageSink",
 ]

@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 import pytest
+from eventdb import REPO_ROOT, child_env, make_db
 
 from agentrt.store import open_existing
-from eventdb import REPO_ROOT, child_env, make_db
 
 STRESS = os.environ.get("AGENTRT_STRESS") == "1"
 

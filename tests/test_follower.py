@@ -12,12 +12,12 @@ from datetime import UTC, datetime
 
 import apsw
 import pytest
+from eventdb import add_run, make_db
 
 from agentrt.events import Event
 from agentrt.records import MAX_PAGE_TEXT
 from agentrt.store import open_existing, open_store
 from agentrt_export import FileCursor, Follower, FollowError, JSONLSink, MemoryCursor
-from eventdb import add_run, make_db
 
 
 class HardKill(BaseException):
@@ -27,6 +27,13 @@ class HardKill(BaseException):
 @pytest.fixture
 def db_path(tmp_path):
     return str(tmp_path / "runs.db")
+
+
+def fingerprint(path):
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    st = os.stat(path)
+    return digest, st.st_mtime_ns, st.st_mode
 
 
 def collect(follower, **kw):
@@ -125,16 +132,13 @@ def test_cursor_ahead_of_the_database_is_refused(db_path):
 def test_follower_leaves_the_database_file_untouched(db_path, tmp_path):
     store = make_db(db_path, runs=3, events_per_run=5)
     store.close()  # checkpoints and removes the WAL
-    before = (hashlib.sha256(open(db_path, "rb").read()).hexdigest(),
-              os.stat(db_path).st_mtime_ns, os.stat(db_path).st_mode)
+    before = fingerprint(db_path)
     reader = open_existing(db_path)
     got = collect(Follower(reader, cursor=FileCursor(str(tmp_path / "c")), once=True,
                            page_size=2))
     reader.close()
     assert len(got) == 15
-    after = (hashlib.sha256(open(db_path, "rb").read()).hexdigest(),
-             os.stat(db_path).st_mtime_ns, os.stat(db_path).st_mode)
-    assert after == before
+    assert fingerprint(db_path) == before
     wal = db_path + "-wal"
     assert not os.path.exists(wal) or os.path.getsize(wal) == 0
 
@@ -158,6 +162,8 @@ def test_follower_holds_no_read_transaction_while_the_sink_runs(db_path):
 
     def sink(event):
         # A writer can checkpoint all the way (nothing pins the WAL) mid-follow.
+        if event.run_id.startswith("during-"):
+            return
         add_run(writer, f"during-{event.seq}", 1)
         busy, _, _ = writer.db().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
         checkpoints.append(busy)
@@ -196,6 +202,7 @@ def test_live_follow_sees_commits_on_the_same_connection(tmp_path):
     thread = threading.Thread(target=Follower(store, interval=0.01).follow,
                               args=(got.append, stop))
     thread.start()
+    time.sleep(0.3)  # the follower is caught up and waiting
     add_run(store, "mem", 2)
     deadline = time.monotonic() + 10
     while len(got) < 2 and time.monotonic() < deadline:

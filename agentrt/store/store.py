@@ -298,10 +298,13 @@ class Store:
         return str(found[0]) if found is not None and found[0] is not None else ""
 
     def data_version(self) -> int:
-        """Changes when another connection commits: a cheap "anything new?" check."""
+        """Changes whenever a commit lands, from any connection (this one included):
+        a cheap "anything new?" check for a follower."""
         with self._lock:
-            row = self._conn.execute("PRAGMA data_version").fetchone()
-            return int(row[0]) if row else 0
+            # The pragma refreshes the pager's view of other connections'
+            # commits; the file-control value then counts this one's too.
+            self._conn.execute("PRAGMA data_version").fetchall()
+            return int(self._conn.data_version())
 
     # -- the chain ---------------------------------------------------------
 
