@@ -114,8 +114,17 @@ def _progress(store: Store) -> Callable[[int, int], None] | None:
     return on_page
 
 
-def run_follower(settings: FollowSettings, make_sink: Callable[[Store], Sink]) -> None:
-    """Open read-only, follow into the sink, and turn expected failures into exit codes."""
+def run_follower(
+    settings: FollowSettings,
+    make_sink: Callable[[Store, threading.Event], Sink],
+    clean_stop: type[Exception] | None = None,
+) -> None:
+    """Open read-only, follow into the sink, and turn expected failures into exit codes.
+
+    ``make_sink`` gets the store and the stop event SIGTERM/SIGINT set. An
+    exception of type ``clean_stop`` ends the command with exit 0 and one line
+    on stderr (a stop that came before the page in hand was delivered).
+    """
     try:
         store = open_existing(settings.db, read_only=True)
     except AgentrtError as exc:
@@ -137,12 +146,15 @@ def run_follower(settings: FollowSettings, make_sink: Callable[[Store], Sink]) -
         )
         with _stop_on_signals() as stop:
             try:
-                follower.follow(make_sink(store), stop)
+                follower.follow(make_sink(store, stop), stop)
             except BrokenPipeError:
                 # The reader went away (``| head``): end quietly; the cursor was
                 # not saved past what reached the pipe.
                 _silence_stdout()
             except AgentrtError as exc:
+                if clean_stop is not None and isinstance(exc, clean_stop):
+                    click.echo(f"stopped: {exc}; the page is sent again on restart", err=True)
+                    return
                 raise click.ClickException(str(exc)) from None
             except OSError as exc:
                 raise click.ClickException(f"writing events: {exc.strerror or exc}") from None
@@ -170,7 +182,62 @@ def jsonl(**kw: Any) -> None:
     deduplicate on it.
     """
     settings = settings_from(**kw)
-    run_follower(settings, lambda store: JSONLSink(sys.stdout.buffer))
+    run_follower(settings, lambda store, stop: JSONLSink(sys.stdout.buffer))
+
+
+def _parse_headers(values: tuple[str, ...]) -> dict[str, str] | None:
+    headers: dict[str, str] = {}
+    for value in values:
+        key, sep, val = value.partition("=")
+        if not sep or not key.strip():
+            raise click.UsageError(f"--header {value!r}: write it as KEY=VALUE")
+        headers[key.strip()] = val.strip()
+    return headers or None
+
+
+@cli.command()
+@follower_options
+@click.option("--endpoint", metavar="URL",
+              help="Collector address (default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, "
+                   "OTEL_EXPORTER_OTLP_ENDPOINT, then localhost).")
+@click.option("--protocol", type=click.Choice(["grpc", "http/protobuf"]),
+              help="OTLP transport (default: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, "
+                   "OTEL_EXPORTER_OTLP_PROTOCOL, then http/protobuf).")
+@click.option("--header", "headers", multiple=True, metavar="KEY=VALUE",
+              help="A header sent with every export (repeatable); beats "
+                   "OTEL_EXPORTER_OTLP_HEADERS.")
+@click.option("--insecure", is_flag=True, default=None,
+              help="Plain-text gRPC (no TLS).")
+def otel(endpoint: str | None, protocol: str | None, headers: tuple[str, ...],
+         insecure: bool | None, **kw: Any) -> None:
+    """Send each run as one OpenTelemetry trace to a collector over OTLP.
+
+    Spans are built directly and exported a page at a time; the cursor moves
+    only after the collector accepted the page, and a failed export is retried
+    with backoff, never skipped. Configuration follows the OTEL_* environment
+    variables; flags override them.
+    """
+    from agentrt_otel import ConfigError, ExportStopped, OTelSink, build_exporter, resolve_config
+
+    settings = settings_from(**kw)
+    try:
+        config = resolve_config(protocol=protocol, endpoint=endpoint,
+                                headers=_parse_headers(headers), insecure=insecure)
+        exporter = build_exporter(config)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    sinks: list[OTelSink] = []
+
+    def make_sink(store: Store, stop: threading.Event) -> Sink:
+        sink = OTelSink(exporter, source=store, resource=config.resource(), stop=stop)
+        sinks.append(sink)
+        return sink
+
+    try:
+        run_follower(settings, make_sink, clean_stop=ExportStopped)
+    finally:
+        for sink in sinks:
+            sink.close()
 
 
 def main(argv: list[str] | None = None) -> None:

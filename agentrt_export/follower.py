@@ -67,7 +67,7 @@ class EventSink(Protocol):
 class PageSink(Protocol):
     """Receives a whole page; the page counts as delivered only if it returns."""
 
-    def write_page(self, events: Sequence[Event]) -> None: ...
+    def handle_page(self, events: Sequence[Event]) -> None: ...
 
 
 Sink = EventSink | PageSink | Callable[[Event], None]
@@ -148,7 +148,7 @@ class Follower:
     def _deliver(self, page: list[Event], sink: Sink) -> int:
         """Hand one page to the sink and save the cursor; the new position."""
         if isinstance(sink, PageSink):
-            sink.write_page(page)
+            sink.handle_page(page)
             last = page[-1].seq
             self.cursor.save(last)
             return last
