@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from datetime import timedelta
 
-from agentrt.driver import Driver, DefaultPolicy
+from agentrt.driver import DefaultPolicy, Driver
 from agentrt.records import Decision, Limits
 from agentrt.store import Store, open_store
 from agentrt.testing import FakeClock, MemoryObserver, ScriptedAgent, static_tool

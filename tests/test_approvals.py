@@ -7,7 +7,7 @@ import threading
 from datetime import timedelta
 
 import pytest
-from _driver_kit import SCHEMA_N, call, clock, fixture_tools, ids, limits, make, types
+from _driver_kit import call, fixture_tools, ids, limits, make, types
 
 from agentrt.driver import (
     DefaultPolicy,
@@ -62,7 +62,8 @@ def test_the_approval_is_recorded_with_the_hash_of_the_exact_request():
     assert list(requested) == ["approval_id", "capability", "hash", "kind", "presentation",
                                "reason"]
     assert requested["hash"] == a.hash
-    assert store.approval_reason("r", a.id) == "side effect remote_mutation is require_approval by policy"
+    assert store.approval_reason("r", a.id) == (
+        "side effect remote_mutation is require_approval by policy")
 
 
 def test_approve_then_resume_executes_the_recorded_request():

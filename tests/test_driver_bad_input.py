@@ -67,7 +67,8 @@ def test_unusable_result_makes_the_complete_decision_invalid():
     run = d.start("g", limits())
     first = store.list_steps(run.id)[0]
     assert first.decision.invalid_result == "{nope"
-    assert first.observation.summary == "invalid decision: result is not usable JSON: not valid JSON"
+    assert first.observation.summary == (
+        "invalid decision: result is not usable JSON: not valid JSON")
     assert run.status == "COMPLETED" and run.result == b"{}"
 
 

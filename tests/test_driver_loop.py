@@ -24,7 +24,7 @@ from agentrt.driver import (
     approve,
 )
 from agentrt.errors import RunStateError
-from agentrt.records import Decision, PolicyDecision, RunStatus, ToolSpec
+from agentrt.records import Decision, PolicyDecision, ToolSpec
 from agentrt.store import open_store
 from agentrt.testing import ScriptedAgent, static_tool
 
