@@ -383,10 +383,10 @@ class Session:
     # -- losing the run ------------------------------------------------------
 
     def lost(self, exc: BaseException | None) -> Run:
-        """The run is no longer ours to write: return it if an operator ended it,
+        """The run is no longer ours to write: return it if an operator cancelled it,
         otherwise raise LeaseLostError (wrapping who holds it now)."""
         run = self.core.store.get_run(self.run_id)
-        if RunStatus(run.status).terminal:
+        if run.status == RunStatus.CANCELLED and run.reason == Reason.OPERATOR_CANCELLED:
             self.run = run
             return run
         if isinstance(exc, LeaseLostError):
@@ -397,7 +397,8 @@ class Session:
         if isinstance(exc, RunLeasedError):
             raise LeaseLostError(exc.detail) from exc
         raise LeaseLostError(
-            f"run {self.run_id}: the lease of {self.core.owner} is no longer held") from exc
+            f"run {self.run_id} is {run.status}, and the lease of {self.core.owner} is no "
+            "longer held") from exc
 
     def close(self) -> None:
         self.worker.close()
