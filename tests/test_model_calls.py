@@ -8,7 +8,7 @@ import time
 from datetime import timedelta
 
 import pytest
-from _driver_kit import call, fixture_tools, limits, make, types
+from _driver_kit import fixture_tools, limits, make, types
 
 from agentrt.driver import (
     CancelledError,
@@ -18,7 +18,6 @@ from agentrt.driver import (
     ModelConfig,
     ModelRequest,
     ModelResponse,
-    ModelUnavailableError,
     Price,
     ServedError,
     ToolUse,

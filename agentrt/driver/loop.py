@@ -479,11 +479,9 @@ def _record_tool(s: Session, step: Step, spec: ToolSpec, outcome: ToolOutcome) -
             s.end_step(end, detached=True)
     except RunLeasedError as exc:
         raise LeaseLostError(exc.detail) from exc
-    except RunStateError:
+    except RunStateError as exc:
         late = _record_late(s, step, spec, outcome)
-        if late is None:
-            raise
-        return late
+        return late if late is not None else s.lost(exc)
     if outcome.cancelled:
         raise CancelledError(s.cancel.reason)
     return result
