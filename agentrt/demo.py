@@ -10,6 +10,7 @@ run and every event, read back from the file.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from datetime import timedelta
@@ -65,10 +66,8 @@ _SCRIPT = [
 
 def _remove(path: str) -> None:
     for suffix in ("", "-wal", "-shm"):
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.remove(path + suffix)
-        except FileNotFoundError:
-            pass
 
 
 def run_demo(path: str) -> tuple[Store, Run]:
