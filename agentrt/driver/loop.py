@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import copy
-from dataclasses import replace
 from typing import Any
 
 from agentrt.canonical import check_json
@@ -32,6 +31,7 @@ from agentrt.driver.session import (
     observation,
 )
 from agentrt.driver.snapshot import Snapshot, copy_run
+from agentrt.driver.stored import evolve
 from agentrt.driver.toolrun import ToolOutcome, run_tool
 from agentrt.driver.tools import check_args
 from agentrt.errors import EncodeError, LeaseLostError, RunLeasedError, RunStateError
@@ -61,6 +61,7 @@ DECIDING = (StepStatus.DECIDING.value,)
 EXECUTING = (StepStatus.EXECUTING.value,)
 _ORIGINS = frozenset(("", "model", "plan", "operator"))
 SpecEntry = tuple[str, bytes]
+Current = tuple[ToolSpec, str, bytes, Any]
 
 
 def _q(text: str) -> str:
@@ -122,11 +123,17 @@ def _decide(s: Session, run: Run, step: Step) -> Run | None:
             config=core.model, store=core.store, run_id=s.run_id, step_id=step.id,
             step_started_at=step.started_at, owner=core.owner, lease=s.lease, now=core.now,
             wall=core.wall, new_id=core.new_id, observer=core.observer, cancel=s.cancel)
+    current: dict[str, Current | ValueError] = {}
+    for name, registered in core.tools.items():
+        try:
+            current[name] = registered.current()
+        except ValueError as exc:  # the tool now states a spec it cannot compile
+            current[name] = exc
     given = StepInput(
         run=copy_run(run),
         steps=Snapshot(s.steps[:step.index]),
         approvals=Snapshot(s.approvals or ()),
-        tools=[copy.copy(spec) for spec, _, _ in core.spec_entries()],
+        tools=[copy.copy(c[0]) for c in current.values() if not isinstance(c, ValueError)],
         model=model,
         cancel=s.cancel,
     )
@@ -137,7 +144,7 @@ def _decide(s: Session, run: Run, step: Step) -> Run | None:
     if not isinstance(decision, Decision):
         err = TypeError(f"the agent returned {type(decision).__name__}, not a Decision")
         return _agent_failed(s, step, err)
-    return _propose(s, run, step, decision)
+    return _propose(s, run, step, decision, current)
 
 
 def _agent_failed(s: Session, step: Step, exc: Exception) -> Run | None:
@@ -154,7 +161,7 @@ def _agent_failed(s: Session, step: Step, exc: Exception) -> Run | None:
     else:
         reason = Reason.AGENT_ERROR.value
     text = str(exc) or type(exc).__name__
-    end = StepEnd(replace(step, status=StepStatus.FAILED.value), DECIDING,
+    end = StepEnd(evolve(step, status=StepStatus.FAILED.value), DECIDING,
                   detail=f"agent error: {text}")
     ending = Ending(RunStatus.FAILED.value, reason, text,
                     limit=reason != Reason.AGENT_ERROR.value)
@@ -182,8 +189,10 @@ def _normalise(decision: Decision) -> tuple[Decision, Decision, str | None]:
     (base64 for both when either is not UTF-8), so the log holds them verbatim.
     """
     args, result = _as_bytes(decision.args), _as_bytes(decision.result)
-    original = replace(decision, args=args, result=result)
-    recorded = replace(original, invalid_args="", invalid_result="", invalid_base64=False)
+    d = decision
+    original = Decision(d.kind, d.tool, args, d.reason, result, d.message, d.origin,
+                        d.invalid_args, d.invalid_result, d.invalid_base64)
+    recorded = Decision(d.kind, d.tool, args, d.reason, result, d.message, d.origin)
     args_problem = check_json(args) if args is not None else None
     result_problem = check_json(result) if result is not None else None
     bad = [b for b, p in ((args, args_problem), (result, result_problem))
@@ -237,35 +246,34 @@ def _invalid(d: Decision, validator: Any, args_problem: str | None, spec_problem
     return f"unknown decision kind {_q(kind)}"
 
 
-def _propose(s: Session, run: Run, step: Step, decision: Decision) -> Run | None:
+def _propose(s: Session, run: Run, step: Step, decision: Decision,
+             current: dict[str, Current | ValueError]) -> Run | None:
     core = s.core
     original, recorded, args_problem = _normalise(decision)
-    registered = core.tools.get(original.tool) if original.kind == DecisionKind.TOOL_CALL else None
+    found = current.get(original.tool) if original.kind == DecisionKind.TOOL_CALL else None
     spec: ToolSpec | None = None
     validator: Any = None
     entry: SpecEntry = ("", b"")
     spec_problem = ""
-    if registered is not None:
-        try:
-            spec, spec_hash, text, validator = registered.current()
-            entry = (spec_hash, text)
-        except ValueError as exc:
-            spec_problem = f"tool {_q(registered.name)}: {exc}"
+    if isinstance(found, ValueError):
+        spec_problem = f"tool {_q(original.tool)}: {found}"
+    elif found is not None:
+        spec, spec_hash, text, validator = found
+        entry = (spec_hash, text)
     now = core.now()
-    new = replace(step, decision=recorded, spec_hash=entry[0])
+    new = evolve(step, decision=recorded, spec_hash=entry[0])
     with s.tx() as tx:
-        check_run(tx, s.run_id, RUNNING, owner=core.owner)
-        stored = s.write_step(tx, new, DECIDING)
+        stored = s.write_step(tx, new, DECIDING, running=True)
         s.put_spec(tx, *entry)
-        s.append(tx, step.id, now, EventType.STEP_DECIDED, encode(recorded.to_json()))
-    problem = _invalid(original, validator, args_problem, spec_problem, registered is not None)
+        s.append(tx, step.id, now, EventType.STEP_DECIDED, s.decision_json().encode("utf-8"))
+    problem = _invalid(original, validator, args_problem, spec_problem, found is not None)
     if problem is not None:
         obs = observation(ObservationKind.INVALID_DECISION.value, {"error": problem},
                           f"invalid decision: {problem}")
-        s.end_step(StepEnd(replace(stored, status=StepStatus.FAILED.value, observation=obs),
+        s.end_step(StepEnd(evolve(stored, status=StepStatus.FAILED.value, observation=obs),
                            DECIDING, detail=obs.summary))
         return None
-    done = StepEnd(replace(stored, status=StepStatus.DONE.value), DECIDING)
+    done = StepEnd(evolve(stored, status=StepStatus.DONE.value), DECIDING)
     if original.kind == DecisionKind.COMPLETE:
         return s.settle(RUNNING, Ending(RunStatus.COMPLETED.value, Reason.GOAL_COMPLETED.value,
                                         result=original.result or b""), end=done)
@@ -343,12 +351,12 @@ def apply(
     """Act on the policy's ruling; shared by the loop and by an approved resume."""
     core = s.core
     from_ = WAITING if grant is not None else RUNNING
-    step = replace(step, policy_id=core.policy_id)
+    step = evolve(step, policy_id=core.policy_id)
     if grant is not None:
-        step = replace(step, started_at=resumed_at)  # the approval wait is not active time
+        step = evolve(step, started_at=resumed_at)  # the approval wait is not active time
     if perr is not None or pd is None:
         text = str(perr) or type(perr).__name__
-        end = StepEnd(replace(step, status=StepStatus.FAILED.value), expected,
+        end = StepEnd(evolve(step, status=StepStatus.FAILED.value), expected,
                       detail=f"policy error: {text}")
         return s.settle(from_, Ending(RunStatus.FAILED.value, Reason.INTERNAL_ERROR.value,
                                       f"policy: {text}"), end=end)
@@ -360,12 +368,12 @@ def apply(
             detail = f"policy: {name} is not usable JSON: {problem}"
             reduced_event = PreEvent(step.id, policy_at, EventType.STEP_POLICY.value,
                                      policy_event(reduced, core.policy_id, entry[0], view))
-            end = StepEnd(replace(step, policy=reduced, status=StepStatus.FAILED.value),
+            end = StepEnd(evolve(step, policy=reduced, status=StepStatus.FAILED.value),
                           expected, detail=detail)
             return s.settle(from_, Ending(RunStatus.FAILED.value, Reason.INTERNAL_ERROR.value,
                                           detail), end=end, pre=[reduced_event],
                             spec_entry=entry)
-    step = replace(step, policy=pd)
+    step = evolve(step, policy=pd)
     event = policy_event(pd, core.policy_id, entry[0], view)
     outcome = pd.outcome
     tool = request.spec.name
@@ -377,7 +385,7 @@ def apply(
         suffix = " on resume" if grant is not None else ""
         obs = observation(ObservationKind.POLICY_DENIED.value, {"reason": pd.reason, "tool": tool},
                           f"denied{suffix}: {pd.reason}")
-        end = StepEnd(replace(step, status=StepStatus.FAILED.value, observation=obs), expected,
+        end = StepEnd(evolve(step, status=StepStatus.FAILED.value, observation=obs), expected,
                       detail=obs.summary)
         _end_with_policy(s, end, event, policy_at, entry, grant, resumed_at)
         return None
@@ -385,13 +393,13 @@ def apply(
     if outcome == PolicyOutcome.ABORT:
         obs = observation(ObservationKind.POLICY_DENIED.value, {"reason": pd.reason, "tool": tool},
                           f"aborted: {pd.reason}")
-        end = StepEnd(replace(step, status=StepStatus.FAILED.value, observation=obs), expected,
+        end = StepEnd(evolve(step, status=StepStatus.FAILED.value, observation=obs), expected,
                       detail=obs.summary)
         return s.settle(from_, Ending(RunStatus.FAILED.value, Reason.POLICY_ABORT.value,
                                       pd.reason), end=end, pre=pre, spec_entry=entry)
     if outcome == PolicyOutcome.REQUIRE_APPROVAL:
         return s.pause(step, expected, request, pd, event, policy_at, from_, entry)
-    end = StepEnd(replace(step, status=StepStatus.FAILED.value), expected,
+    end = StepEnd(evolve(step, status=StepStatus.FAILED.value), expected,
                   detail="unknown policy outcome")
     return s.settle(from_, Ending(RunStatus.FAILED.value, Reason.INTERNAL_ERROR.value,
                                   f"unknown policy outcome {_q(outcome)}"),
@@ -416,11 +424,9 @@ def _end_with_policy(s: Session, end: StepEnd, event: bytes, policy_at: Any, ent
     with s.tx() as tx:
         if grant is not None:
             resume_run(s, grant, resumed_at, wall_at, tx)
-        else:
-            check_run(tx, s.run_id, RUNNING, owner=core.owner)
         s.put_spec(tx, *entry)
         s.append(tx, end.step.id, policy_at, EventType.STEP_POLICY, event)
-        s.end_in_tx(tx, end, step_at)
+        s.end_in_tx(tx, end, step_at, running=grant is None)
     if grant is not None:
         s.lease.start(wall_at)
 
@@ -434,11 +440,11 @@ def execute(s: Session, step: Step, expected: tuple[str, ...], request: ToolRequ
     core = s.core
     wall_at = core.wall()
     start_at = core.now() if grant is not None else policy_at
-    executing = replace(step, status=StepStatus.EXECUTING.value, started_at=start_at
+    executing = evolve(step, status=StepStatus.EXECUTING.value, started_at=start_at
                         if grant is not None else step.started_at)
-    started: dict[str, Any] = {"args": Raw(request.args), "tool": request.spec.name}
-    if grant is not None:
-        started["approval_id"] = grant.id
+    started: dict[str, Any] = (
+        {"args": Raw(request.args), "tool": request.spec.name} if grant is None
+        else {"approval_id": grant.id, "args": Raw(request.args), "tool": request.spec.name})
     with s.tx() as tx:
         if grant is not None:
             resume_run(s, grant, policy_at, wall_at, tx)
@@ -447,7 +453,7 @@ def execute(s: Session, step: Step, expected: tuple[str, ...], request: ToolRequ
         stored = s.write_step(tx, executing, expected)
         s.put_spec(tx, *entry)
         s.append(tx, step.id, policy_at, EventType.STEP_POLICY, event)
-        s.append(tx, step.id, start_at, EventType.STEP_TOOL_STARTED, sorted_map(started))
+        s.append(tx, step.id, start_at, EventType.STEP_TOOL_STARTED, started)
     if grant is not None:
         s.lease.start(wall_at)
     tool = core.tools[request.spec.name].tool
@@ -461,7 +467,7 @@ def _record_tool(s: Session, step: Step, spec: ToolSpec, outcome: ToolOutcome) -
     obs = outcome.observation
     failed = obs.failure
     end = StepEnd(
-        replace(step, status=StepStatus.FAILED.value if failed else StepStatus.DONE.value,
+        evolve(step, status=StepStatus.FAILED.value if failed else StepStatus.DONE.value,
                 observation=obs),
         EXECUTING, detail=obs.summary if failed else "", tool=spec.name,
         duration_ms=outcome.duration_ms)

@@ -14,18 +14,26 @@ the loop stops there.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from agentrt.canonical import content_hash
 from agentrt.driver.cancel import CancelToken
 from agentrt.driver.core import Core
 from agentrt.driver.errors import CancelledError
+from agentrt.driver.jsonenc import encode
 from agentrt.driver.lease import Lease
 from agentrt.driver.policy import RunView
+from agentrt.driver.stored import (
+    evolve,
+    stored_decision,
+    stored_observation,
+    stored_policy,
+    stored_time,
+)
 from agentrt.driver.worker import Worker
 from agentrt.errors import EncodeError, LeaseLostError, RunLeasedError, RunStateError
 from agentrt.events import EventType
@@ -33,6 +41,7 @@ from agentrt.gojson import Raw, dumps, sorted_map
 from agentrt.records import (
     Approval,
     ApprovalStatus,
+    Decision,
     Observation,
     ObservationKind,
     PolicyDecision,
@@ -44,7 +53,7 @@ from agentrt.records import (
     ToolRequest,
     approval_hash,
 )
-from agentrt.store.rows import approval_from_row, step_from_row
+from agentrt.store.rows import approval_from_row
 from agentrt.store.tx import Tx
 from agentrt.store.writes import (
     add_active_ms,
@@ -57,7 +66,7 @@ from agentrt.store.writes import (
     transition,
     update_step,
 )
-from agentrt.timefmt import format_time
+from agentrt.timefmt import format_time, parse_time
 
 __all__ = [
     "ACTIVE",
@@ -77,19 +86,31 @@ WAITING = (RunStatus.WAITING_FOR_APPROVAL.value,)
 ACTIVE = (RunStatus.RUNNING.value, RunStatus.INTERRUPTED.value)
 
 
-def encode(value: Any) -> bytes:
-    """Go-compatible JSON, or EncodeError: a value that will not encode fails the run
-    as internal_error rather than being stored as something else."""
-    try:
-        return dumps(value)
-    except (ValueError, TypeError) as exc:
-        raise EncodeError(str(exc)) from exc
-
-
 def observation(kind: str, fields: dict[str, Any], summary: str) -> Observation:
     """A runtime-built observation: string-only content, so it always encodes."""
-    content = dumps(sorted_map(fields))
+    content = encode(sorted_map(fields))
     return Observation(kind, content, summary, content_hash(content))
+
+
+_Part = TypeVar("_Part", Decision, PolicyDecision, Observation)
+
+
+def _part(new: _Part | None, old: _Part | None, old_text: str,
+          make: Callable[[_Part], _Part]) -> tuple[_Part | None, str]:
+    """(stored form, column text) of one JSON part of a step; a part that is the
+    very object last written for this step is reused as it is."""
+    if new is None:
+        return None, ""
+    if new is old:
+        return new, old_text
+    return make(new), encode(new.to_json()).decode("utf-8")
+
+
+_RUN_STATE = (
+    "SELECT status, step_count, model_calls, input_tokens, output_tokens, cached_input_tokens, "
+    "estimated_cost_micros, active_ms, lease_owner, limits_json, lease_expires_at "
+    "FROM runs WHERE id = ?"
+)
 
 
 def _ms(later: datetime | None, earlier: datetime | None) -> int:
@@ -148,12 +169,32 @@ class Session:
     worker: Worker = field(default_factory=Worker)
     specs_written: set[str] = field(default_factory=set)
     signatures: dict[str, str] = field(default_factory=dict)
+    _last: tuple[Step, tuple[str, str, str]] | None = None
+    _limits_text: str = ""
+    _expires_text: str = ""
 
     # -- reading -----------------------------------------------------------
 
     def reload(self) -> Run:
-        self.run = self.core.store.get_run(self.run_id)
-        return self.run
+        """The run as stored now. While it stays RUNNING only the columns others change
+        (status, counts, totals, lease) are read, into the cached record."""
+        run = self.run
+        if run is None:
+            self.run = self.core.store.get_run(self.run_id)
+            return self.run
+        with self.core.store.locked() as conn:
+            row = conn.execute(_RUN_STATE, (self.run_id,)).fetchone()
+        if row is None or row[0] != RunStatus.RUNNING or row[9] != self._limits_text:
+            self.run = self.core.store.get_run(self.run_id)
+            self._limits_text = str(row[9]) if row is not None else ""
+            return self.run
+        (run.status, run.step_count, run.model_calls, run.usage.input_tokens,
+         run.usage.output_tokens, run.usage.cached_input_tokens, run.estimated_cost_micros,
+         run.active_ms, run.lease_owner) = row[:9]
+        if row[10] != self._expires_text:
+            self._expires_text = str(row[10])
+            run.lease_expires_at = parse_time(self._expires_text)
+        return run
 
     def load(self) -> str:
         """Read steps and approvals once; the first decode problem, or ''."""
@@ -180,14 +221,12 @@ class Session:
         if self.cancel.cancelled:
             raise CancelledError(self.cancel.reason)
 
-    @contextmanager
-    def tx(self, *, detached: bool = False) -> Iterator[Tx]:
+    def tx(self, *, detached: bool = False) -> AbstractContextManager[Tx]:
         """A write transaction; unless ``detached`` (recording an effect that already
         happened), a cancelled caller writes nothing."""
-        if not detached:
-            self.check_cancel()
-        with self.core.store.tx(self.core.observer) as tx:
-            yield tx
+        if not detached and self.cancel.cancelled:
+            raise CancelledError(self.cancel.reason)
+        return self.core.store.tx(self.core.observer)
 
     def owner_terms(self, statuses: Sequence[str]) -> str | None:
         return self.core.owner if RunStatus.RUNNING.value in statuses else None
@@ -197,71 +236,110 @@ class Session:
             put_tool_spec(tx, spec_hash, text)
             self.specs_written.add(spec_hash)
 
-    def _cache_step(self, row: tuple[Any, ...]) -> Step:
-        step = step_from_row(row)
+    def _cache_step(self, step: Step) -> None:
         assert self.steps is not None
         if step.index < len(self.steps):
             self.steps[step.index] = step
         else:
             self.steps.append(step)
-        return step
 
-    def write_step(self, tx: Tx, step: Step, expected: tuple[str, ...] | None) -> Step:
+    def write_step(self, tx: Tx, step: Step, expected: tuple[str, ...] | None, *,
+                   running: bool = False) -> Step:
         """Insert (``expected`` None) or compare-and-set a step; the cache gets the row
-        as stored, decoded exactly as a reload would."""
+        in its stored form, equal to what a reload decodes.
+
+        A part unchanged since this step's last write (the same object) is neither
+        encoded nor converted again. ``running``: the same statement requires the
+        run to be RUNNING under this session's lease.
+        """
+        last = self._last
+        if last is not None and last[0].id == step.id:
+            prev, texts = last
+            decision, d_text = _part(step.decision, prev.decision, texts[0], stored_decision)
+            policy, p_text = _part(step.policy, prev.policy, texts[1], stored_policy)
+            observation_, o_text = _part(step.observation, prev.observation, texts[2],
+                                         stored_observation)
+        else:
+            decision, d_text = _part(step.decision, None, "", stored_decision)
+            policy, p_text = _part(step.policy, None, "", stored_policy)
+            observation_, o_text = _part(step.observation, None, "", stored_observation)
         row = (
             step.id,
             step.run_id,
             step.index,
             step.status,
-            encode(step.decision.to_json()).decode("utf-8") if step.decision else "",
-            encode(step.policy.to_json()).decode("utf-8") if step.policy else "",
-            encode(step.observation.to_json()).decode("utf-8") if step.observation else "",
-            step.observation.content_hash if step.observation else "",
-            format_time(step.started_at),
-            format_time(step.finished_at),
+            d_text,
+            p_text,
+            o_text,
+            observation_.content_hash if observation_ is not None else "",
+            stored_time(step.started_at),
+            stored_time(step.finished_at),
             step.spec_hash,
             step.policy_id,
         )
         if expected is None:
             insert_step(tx, row)
         else:
-            update_step(tx, row, expected)
-        return self._cache_step(row)
+            update_step(tx, row, expected, running_for=self.core.owner if running else None)
+        stored = Step(step.id, step.run_id, step.index, step.status, decision, policy,
+                      observation_, step.started_at, step.finished_at, step.spec_hash,
+                      step.policy_id)
+        self._last = (stored, (d_text, p_text, o_text))
+        self._cache_step(stored)
+        return stored
+
+    def decision_json(self) -> str:
+        """The decision column just written (``step.decided`` carries the same bytes)."""
+        assert self._last is not None
+        return self._last[1][0]
 
     def append(self, tx: Tx, step_id: str, at: datetime, type: EventType,
                payload: bytes | dict[str, Any] | None = None) -> None:
-        tx.append(self.run_id, step_id, at, type.value, payload)
+        data = encode(payload) if isinstance(payload, dict) else payload
+        tx.append(self.run_id, step_id, at, type.value, data)
 
-    def end_in_tx(self, tx: Tx, end: StepEnd, at: datetime) -> Step:
-        """The step-end rows and events: the step, its active time, then
-        ``step.tool_finished`` (if it ran a tool) and ``step.failed`` (if it failed)."""
-        new = replace(end.step, finished_at=at)
+    def end_in_tx(self, tx: Tx, end: StepEnd, at: datetime, *, running: bool = False) -> Step:
+        """The step-end rows and events: the run's active time, the step, then
+        ``step.tool_finished`` (if it ran a tool) and ``step.failed`` (if it failed).
+
+        ``running``: the active-time update also checks that the run is RUNNING
+        under this session's lease (the run continues, so nothing else checks it).
+        """
+        new = evolve(end.step, finished_at=at)
+        add_active_ms(tx, self.run_id, _ms(at, new.started_at),
+                      running_for=self.core.owner if running else None)
         stored = self.write_step(tx, new, end.expected)
-        add_active_ms(tx, self.run_id, _ms(at, new.started_at))
         obs = new.observation
+        failed = new.status == StepStatus.FAILED
         if end.tool:
-            payload: dict[str, Any] = {"duration_ms": end.duration_ms, "tool": end.tool}
-            if new.status == StepStatus.FAILED:
-                payload["error"] = obs.summary if obs is not None else end.detail
+            if failed:
+                finished: dict[str, Any] = {
+                    "duration_ms": end.duration_ms,
+                    "error": obs.summary if obs is not None else end.detail,
+                    "tool": end.tool,
+                }
             else:
-                payload["summary"] = obs.summary if obs is not None else ""
-                payload["content_hash"] = obs.content_hash if obs is not None else ""
-            self.append(tx, new.id, at, EventType.STEP_TOOL_FINISHED, sorted_map(payload))
-        if new.status == StepStatus.FAILED:
-            failed: dict[str, Any] = {"detail": end.detail}
+                finished = {
+                    "content_hash": obs.content_hash if obs is not None else "",
+                    "duration_ms": end.duration_ms,
+                    "summary": obs.summary if obs is not None else "",
+                    "tool": end.tool,
+                }
+            self.append(tx, new.id, at, EventType.STEP_TOOL_FINISHED, finished)
+        if failed:
             if obs is not None:
-                failed["observation"] = obs.kind
-                failed["content_hash"] = obs.content_hash
-            self.append(tx, new.id, at, EventType.STEP_FAILED, sorted_map(failed))
+                self.append(tx, new.id, at, EventType.STEP_FAILED, {
+                    "content_hash": obs.content_hash, "detail": end.detail,
+                    "observation": obs.kind})
+            else:
+                self.append(tx, new.id, at, EventType.STEP_FAILED, {"detail": end.detail})
         return stored
 
     def end_step(self, end: StepEnd, *, detached: bool = False) -> None:
         """End a step while the run goes on (one Now reading)."""
         at = self.core.now()
         with self.tx(detached=detached) as tx:
-            check_run(tx, self.run_id, RUNNING, owner=self.core.owner)
-            self.end_in_tx(tx, end, at)
+            self.end_in_tx(tx, end, at, running=True)
 
     def settle(
         self,
@@ -283,7 +361,8 @@ class Session:
             check_run(tx, self.run_id, from_, owner=owner)
             self.put_spec(tx, *spec_entry)
             for ev in pre:
-                tx.append(self.run_id, ev.step_id, ev.at, ev.type, ev.payload)
+                tx.append(self.run_id, ev.step_id, ev.at, ev.type,
+                          encode(ev.payload) if isinstance(ev.payload, dict) else ev.payload)
             if end is not None:
                 assert step_at is not None
                 self.end_in_tx(tx, end, step_at)
@@ -358,7 +437,7 @@ class Session:
             "", "", "",
         )
         owner = self.owner_terms(from_)
-        new = replace(step, status=StepStatus.AWAITING_APPROVAL.value, policy=pd)
+        new = evolve(step, status=StepStatus.AWAITING_APPROVAL.value, policy=pd)
         with self.tx() as tx:
             check_run(tx, self.run_id, from_, owner=owner)
             self.write_step(tx, new, expected)

@@ -65,7 +65,15 @@ class Snapshot(Sequence[T]):
 
 def copy_run(run: Run) -> Run:
     """A copy of a run record (its nested limits and usage too), cheaper than deepcopy."""
-    out = copy.copy(run)
-    out.limits = copy.copy(run.limits) if run.limits is not None else Limits()
-    out.usage = copy.copy(run.usage) if run.usage is not None else Usage()
-    return out
+    lim, use = run.limits, run.usage
+    return Run(
+        run.id, run.goal, run.status,
+        Limits(lim.max_steps, lim.max_consecutive_tool_failures, lim.loop_threshold,
+               lim.max_model_calls, lim.max_output_tokens_per_call, lim.max_total_tokens,
+               lim.max_estimated_cost_micros, lim.max_active_time, lim.max_elapsed_time,
+               lim.approval_ttl, lim.grant_ttl),
+        run.reason, run.reason_detail, run.step_count, run.created_at, run.started_at,
+        run.finished_at, run.result, run.model_calls,
+        Usage(use.input_tokens, use.output_tokens, use.cached_input_tokens),
+        run.estimated_cost_micros, run.active_ms, run.lease_owner, run.lease_expires_at,
+    )

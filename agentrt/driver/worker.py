@@ -18,14 +18,29 @@ __all__ = ["Outcome", "Worker", "call_in_thread"]
 
 
 class Outcome:
-    """Filled in by the worker: the value, or the exception the call raised."""
+    """Filled in by the worker: the value, or the exception the call raised.
 
-    __slots__ = ("done", "error", "value")
+    A plain lock stands for "not done yet": cheaper to hand over than an Event,
+    and a step hands one over per tool call.
+    """
+
+    __slots__ = ("_pending", "error", "value")
 
     def __init__(self) -> None:
-        self.done = threading.Event()
+        self._pending = threading.Lock()
+        self._pending.acquire()
         self.value: Any = None
         self.error: BaseException | None = None
+
+    def finish(self) -> None:
+        self._pending.release()
+
+    def wait(self, timeout: float | None) -> bool:
+        """True once finished; False when ``timeout`` seconds passed first."""
+        if self._pending.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+            self._pending.release()
+            return True
+        return False
 
 
 def _run(fn: Callable[[], Any], out: Outcome) -> None:
@@ -34,7 +49,7 @@ def _run(fn: Callable[[], Any], out: Outcome) -> None:
     except BaseException as exc:  # noqa: BLE001 - the caller classifies it
         out.error = exc
     finally:
-        out.done.set()
+        out.finish()
 
 
 class _Thread(threading.Thread):
@@ -70,7 +85,7 @@ class Worker:
             thread.start()
         out = Outcome()
         thread.jobs.put((fn, out))
-        if out.done.wait(timeout):
+        if out.wait(timeout):
             return out
         thread.abandoned = True
         thread.jobs.put(None)
@@ -87,4 +102,4 @@ def call_in_thread(fn: Callable[[], Any], timeout: float | None, name: str) -> O
     """One call on its own thread; None when ``timeout`` seconds passed first."""
     out = Outcome()
     threading.Thread(target=_run, args=(fn, out), name=name, daemon=True).start()
-    return out if out.done.wait(timeout) else None
+    return out if out.wait(timeout) else None

@@ -11,6 +11,7 @@ that has not noticed it yet.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -69,11 +70,18 @@ def _marks(n: int) -> str:
     return ", ".join("?" * n)
 
 
-def _parse(text: Any) -> datetime | None:
+@functools.lru_cache(maxsize=64)
+def _parse_text(text: str) -> datetime | None:
     try:
-        return parse_time(str(text or ""))
+        return parse_time(text)
     except ValueError:
         return None
+
+
+def _parse(text: Any) -> datetime | None:
+    """A stored time, or None; remembered, since a run's lease expiry is read at
+    every side effect and changes only every TTL/3."""
+    return _parse_text(str(text or ""))
 
 
 # -- reads inside a transaction ---------------------------------------------
@@ -120,18 +128,18 @@ def check_run(
     )
     if row is None:
         raise NotFoundError(f"run {run_id}")
-    status, lease_owner, expires_text = str(row[0]), str(row[1]), row[2]
+    status, lease_owner, expires_text = row
     if status not in statuses:
         raise RunStateError(f"run {run_id} is {status}, not {_either(statuses)}")
     if status == RUNNING and owner is not None:
-        expires = _parse(expires_text)
         if lease_owner != owner:
-            raise RunLeasedError(run_id, lease_owner, expires)
-        if live_at is not None and (expires is None or expires <= live_at):
-            raise LeaseLostError(
-                f"run {run_id}: the lease expired at {format_time_nano(expires)}"
-            )
-    return status
+            raise RunLeasedError(run_id, lease_owner, _parse(expires_text))
+        if live_at is not None:
+            expires = _parse(expires_text)
+            if expires is None or expires <= live_at:
+                raise LeaseLostError(
+                    f"run {run_id}: the lease expired at {format_time_nano(expires)}")
+    return str(status)
 
 
 # -- runs ----------------------------------------------------------------------
@@ -215,14 +223,29 @@ def start_step(tx: Tx, run_id: str, index: int, owner: str) -> None:
         raise RunStateError(f"run {run_id} has moved past step {index}")
 
 
-def add_active_ms(tx: Tx, run_id: str, ms: int) -> None:
-    """Active time only ever grows by increments, so a concurrent writer's share survives."""
-    if ms > 0:
-        tx.execute(
-            "UPDATE runs SET active_ms = CASE WHEN active_ms > ? - ? THEN ? "
-            "ELSE active_ms + ? END WHERE id = ?",
-            (MAX_INT64, ms, MAX_INT64, ms, run_id),
-        )
+def add_active_ms(tx: Tx, run_id: str, ms: int, *, running_for: str | None = None) -> None:
+    """Active time only ever grows by increments, so a concurrent writer's share survives.
+
+    With ``running_for`` the run must be RUNNING under that lease owner: the
+    statement is then also the write's status check (as :func:`check_run`).
+    """
+    ms = max(ms, 0)
+    if running_for is None:
+        if ms:
+            tx.execute(
+                "UPDATE runs SET active_ms = CASE WHEN active_ms > ? - ? THEN ? "
+                "ELSE active_ms + ? END WHERE id = ?",
+                (MAX_INT64, ms, MAX_INT64, ms, run_id),
+            )
+        return
+    tx.execute(
+        "UPDATE runs SET active_ms = CASE WHEN active_ms > ? - ? THEN ? "
+        "ELSE active_ms + ? END WHERE id = ? AND status = 'RUNNING' AND lease_owner = ?",
+        (MAX_INT64, ms, MAX_INT64, ms, run_id, running_for),
+    )
+    if tx.changes() == 0:
+        check_run(tx, run_id, (RUNNING,), owner=running_for)
+        raise RunStateError(f"run {run_id} changed under the write")  # pragma: no cover
 
 
 def _saturating_add(column: str) -> str:
@@ -330,17 +353,31 @@ def _step_not_in(tx: Tx, step_id: str, expected: Sequence[str]) -> RunStateError
     return RunStateError(f"step {step_id} is {row[0]}, not {_either(expected)}")
 
 
-def update_step(tx: Tx, row: Sequence[Any], expected: Sequence[str]) -> None:
-    """Rewrite a step from a full row, only if it is still in an ``expected`` status."""
+def update_step(tx: Tx, row: Sequence[Any], expected: Sequence[str], *,
+                running_for: str | None = None) -> None:
+    """Rewrite a step from a full row, only if it is still in an ``expected`` status.
+
+    With ``running_for`` (a lease owner) the write also requires the run to be
+    RUNNING under that owner, in the same statement; when it is not, the
+    error says why (as :func:`check_run` does).
+    """
     step_id = row[0]
+    guard = ""
+    params: tuple[Any, ...] = (*row[3:], step_id, *expected)
+    if running_for is not None:
+        guard = (" AND EXISTS (SELECT 1 FROM runs WHERE id = ? AND status = 'RUNNING' "
+                 "AND lease_owner = ?)")
+        params = (*params, row[1], running_for)
     tx.execute(
         "UPDATE steps SET status = ?, decision_json = ?, policy_json = ?, "
         "observation_json = ?, observation_hash = ?, started_at = ?, finished_at = ?, "
         "spec_hash = ?, policy_id = ? "
-        f"WHERE id = ? AND status IN ({_marks(len(expected))})",
-        (*row[3:], step_id, *expected),
+        f"WHERE id = ? AND status IN ({_marks(len(expected))}){guard}",
+        params,
     )
     if tx.changes() == 0:
+        if running_for is not None:
+            check_run(tx, str(row[1]), (RUNNING,), owner=running_for)
         raise _step_not_in(tx, step_id, expected)
 
 
