@@ -130,7 +130,7 @@ def measure(directory: str, rounds: int, burst: int) -> tuple[list[float], dict[
         runs[depth] = run_id
     agent.measuring = True
     for _ in range(rounds):
-        for depth, run_id in runs.items():
+        for run_id in runs.values():
             agent.stop[run_id] = store.get_run(run_id).step_count + burst
             _continue(store, driver, run_id)
     store.close()
