@@ -1,0 +1,181 @@
+"""Driver step cost against its reference, measured in one process on the same disk.
+
+A step of a scripted agent with a trivial tool makes four synced transactions
+(start, decision, policy with tool start, outcome), so its reference is four
+synced single-row commits on the same disk. The bar is 1.3x. The second and
+third rows check that a step costs the same with 100 or 400 steps behind it
+as with 10 (within 20%).
+
+This machine is shared and its speed drifts by 2x within a minute, so nothing
+is compared across time: three runs are first brought to 10, 100 and 400
+steps, then stepped in turn, a few steps each, round after round (each burst
+ends on a tool that needs approval; the bench approves and resumes). The
+agent itself takes a reference sample between steps. A step's cost is the
+time from the agent's return to its next call, which covers exactly one
+step's four transactions, the policy and the tool.
+
+    python -m bench.bench_driver [--quick] [--dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+
+import apsw
+
+from agentrt.driver import (
+    DefaultPolicy,
+    Driver,
+    FuncTool,
+    StepInput,
+    ToolCall,
+    ToolResult,
+    approve,
+)
+from agentrt.records import Decision, Limits
+from agentrt.store import Store, open_store
+
+DEPTHS = (10, 100, 400)
+
+
+class Reference:
+    """Four synced single-row commits on the same disk, with the store's own pragmas."""
+
+    def __init__(self, directory: str) -> None:
+        self.conn = apsw.Connection(os.path.join(directory, "reference.db"))
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=FULL")
+        self.conn.execute("CREATE TABLE IF NOT EXISTS t (id INTEGER PRIMARY KEY, v TEXT NOT NULL)")
+        self.samples: list[float] = []
+
+    def sample(self) -> None:
+        started = time.perf_counter()
+        for _ in range(4):
+            self.conn.execute("BEGIN IMMEDIATE")
+            self.conn.execute("INSERT INTO t (v) VALUES (?)", ("x" * 64,))
+            self.conn.execute("COMMIT")
+        self.samples.append(time.perf_counter() - started)
+
+
+class _Bursts:
+    """Calls ``noop`` until the run's current stop, then ``hold`` (which pauses it).
+
+    Records, per run, the gap before each call that follows a ``noop`` call of
+    the same burst: one ordinary step's cost.
+    """
+
+    def __init__(self, ref: Reference) -> None:
+        self.ref = ref
+        self.stop: dict[str, int] = {}
+        self.gaps: dict[str, list[float]] = {}
+        self.measuring = False
+        self._out = 0.0
+        self._last: tuple[str, int] | None = None
+
+    def decide(self, step: StepInput) -> Decision:
+        now = time.perf_counter()
+        run_id, index = step.run.id, step.index
+        if self.measuring and self._last == (run_id, index - 1):
+            self.gaps.setdefault(run_id, []).append(now - self._out)
+        if self.measuring and index % 2 == 0:
+            self.ref.sample()
+        if index >= self.stop[run_id]:
+            decision = Decision.tool_call("hold", b"{}")
+            self._last = None
+        else:
+            decision = Decision.tool_call("noop", b'{"n":%d}' % index)
+            self._last = (run_id, index)
+        self._out = time.perf_counter()
+        return decision
+
+
+def _noop(call: ToolCall) -> ToolResult:
+    return ToolResult(b'{"ok":true}', "ok")
+
+
+def _continue(store: Store, driver: Driver, run_id: str) -> None:
+    for a in store.list_approvals(run_id):
+        if a.status == "pending":
+            approve(store, run_id, a.id, "bench")
+    run = driver.resume(run_id)
+    if run.status != "WAITING_FOR_APPROVAL":
+        raise SystemExit(f"bench run ended {run.status} ({run.reason}): {run.reason_detail}")
+
+
+def measure(directory: str, rounds: int, burst: int) -> tuple[list[float], dict[int, list[float]]]:
+    """(reference samples, step costs by depth)."""
+    ref = Reference(directory)
+    store = open_store(os.path.join(directory, "driver.db"))
+    agent = _Bursts(ref)
+    tools = [
+        FuncTool("noop", _noop, input_schema=b'{"type":"object"}', side_effect="read_only",
+                 timeout=5),
+        FuncTool("hold", _noop, side_effect="remote_mutation", timeout=5),
+    ]
+    driver = Driver(store, agent, DefaultPolicy(), tools)
+    big = DEPTHS[-1] + rounds * (burst + 1) + 10
+    limits = Limits(max_steps=big, max_consecutive_tool_failures=3, loop_threshold=big)
+    runs: dict[int, str] = {}
+    for depth in DEPTHS:
+        run_id = f"depth-{depth}"
+        agent.stop[run_id] = depth
+        driver.start("bench", limits, run_id=run_id)
+        runs[depth] = run_id
+    agent.measuring = True
+    for _ in range(rounds):
+        for run_id in runs.values():
+            agent.stop[run_id] = store.get_run(run_id).step_count + burst
+            _continue(store, driver, run_id)
+    store.close()
+    return ref.samples, {d: agent.gaps.get(r, []) for d, r in runs.items()}
+
+
+def _spread(values: Sequence[float]) -> str:
+    q = statistics.quantiles(values, n=4)
+    return f"p25-p75 {q[0] * 1e6:.0f}-{q[2] * 1e6:.0f} us"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.bench_driver")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds")
+    parser.add_argument("--dir", default=None,
+                        help="where to put the databases (default: a temp dir here)")
+    args = parser.parse_args(argv)
+    rounds, burst = (8, 6) if args.quick else (30, 6)
+    directory = tempfile.mkdtemp(prefix="bench-driver-", dir=args.dir or os.getcwd())
+    try:
+        ref, by_depth = measure(directory, rounds, burst)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    steps = [g for gaps in by_depth.values() for g in gaps]
+    ref_med, step_med = statistics.median(ref), statistics.median(steps)
+    base = statistics.median(by_depth[DEPTHS[0]])
+    rows = [("driver step (scripted agent, trivial tool)", "4 synced single-row commits",
+             step_med / ref_med, 1.3, step_med, ref_med, _spread(steps))]
+    for depth in DEPTHS[1:]:
+        med = statistics.median(by_depth[depth])
+        rows.append((f"step after {depth} steps", f"step after {DEPTHS[0]} steps",
+                     med / base, 1.2, med, base, _spread(by_depth[depth])))
+    print(f"driver bench: {rounds} rounds of {burst}-step bursts on runs at "
+          f"{'/'.join(map(str, DEPTHS))} steps, {len(steps)} steps, {len(ref)} reference "
+          "samples")
+    print(f"{'figure':<44} {'reference':<30} {'ratio':>6} {'bar':>7}  {'median':<22} spread")
+    missed = 0
+    for figure, refname, ratio, bar, med, refmed, spread in rows:
+        ok = ratio <= bar
+        missed += not ok
+        print(f"{figure:<44} {refname:<30} {ratio:>5.2f}x {'<=' + f'{bar:.1f}x':>7}  "
+              f"{med * 1e6:>6.0f} vs {refmed * 1e6:>5.0f} us   {spread}"
+              f"  {'ok' if ok else 'MISSED'}")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
