@@ -27,7 +27,7 @@ _HEAD_SQL = (
     "COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'events'), 0), "
     "COALESCE((SELECT MAX(seq) FROM events), 0))"
 )
-_LAST_HASH_SQL = "SELECT hash FROM events ORDER BY seq DESC LIMIT 1"
+_LAST_HASH_SQL = "SELECT CAST(hash AS TEXT) FROM events ORDER BY seq DESC LIMIT 1"
 _INSERT_EVENT_SQL = (
     "INSERT INTO events (seq, run_id, step_id, at, type, payload_json, hash) "
     "VALUES (?, ?, ?, ?, ?, ?, ?)"
@@ -84,20 +84,29 @@ class Tx:
         type: str,
         payload: bytes | dict[str, Any] | None = None,
     ) -> Event:
-        """Append one event to the global chain inside this transaction."""
+        """Append one event to the global chain inside this transaction.
+
+        Its seq is the head's + 1: the head is read once, at the transaction's
+        first append, as the larger of the highest seq stored and the highest
+        AUTOINCREMENT ever handed out, so a seq is never reused even after the
+        newest events were deleted. The write lock is held from BEGIN
+        IMMEDIATE, so writers in other processes extend the same chain.
+        """
+        conn = self._conn
         if self._head_seq is None:
-            row = self._conn.execute(_HEAD_SQL).fetchone()
+            row = conn.execute(_HEAD_SQL).fetchone()
             self._head_seq = int(row[0]) if row else 0
-            last = self._conn.execute(_LAST_HASH_SQL).fetchone()
-            self._head_hash = str(last[0]) if last else ""
+            last = conn.execute(_LAST_HASH_SQL).fetchone()
+            self._head_hash = str(last[0]) if last and last[0] is not None else ""
         data = encode_payload(payload)
         seq = self._head_seq + 1
+        run_id, step_id, type = str(run_id), str(step_id), str(type)
         at_text = format_time(at)
-        text = data.decode("utf-8")
         digest = chain_hash(self._head_hash, seq, run_id, step_id, at_text, type, data)
-        self._conn.execute(_INSERT_EVENT_SQL, (seq, run_id, step_id, at_text, type, text, digest))
+        conn.execute(_INSERT_EVENT_SQL,
+                     (seq, run_id, step_id, at_text, type, data.decode("utf-8"), digest))
         self._head_seq = seq
         self._head_hash = digest
-        event = Event(seq, run_id, step_id, at, type, data)
+        event = Event(seq, run_id, step_id, at_text, type, data)
         self.events.append(event)
         return event
