@@ -50,6 +50,7 @@ from agentrt.records import (
     approval_hash,
     default_limits,
 )
+from agentrt.store import Store, open_existing, open_store
 
 __all__ = [
     "ALL_EVENT_TYPES",
@@ -88,6 +89,7 @@ __all__ = [
     "SideEffect",
     "Step",
     "StepStatus",
+    "Store",
     "SymlinkError",
     "ToolRequest",
     "ToolSpec",
@@ -99,5 +101,7 @@ __all__ = [
     "check_json",
     "content_hash",
     "default_limits",
+    "open_existing",
+    "open_store",
     "policy_json",
 ]
