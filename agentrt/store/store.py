@@ -228,13 +228,18 @@ class Store:
 
     def tool_spec(self, spec_hash: str) -> ToolSpec:
         """A recorded tool spec, re-hashed on the way out; a mismatch is refused."""
-        row = self._one("SELECT spec_json FROM tool_specs WHERE hash = ?", (spec_hash,))
+        row = self._one("SELECT CAST(spec_json AS BLOB) FROM tool_specs WHERE hash = ?",
+                        (spec_hash,))
         if row is None:
             raise NotFoundError(f"tool spec {spec_hash}")
-        spec = ToolSpec.from_json(str(row[0]))
-        if hashlib.sha256(canonical_text(str(row[0]).encode())).hexdigest() != spec_hash:
+        data = bytes(row[0] or b"")
+        try:
+            matches = hashlib.sha256(canonical_text(data)).hexdigest() == spec_hash
+        except ValueError:
+            matches = False
+        if not matches:
             raise ValueError(f"agentrt: tool spec {spec_hash} does not match its hash")
-        return spec
+        return ToolSpec.from_json(data)
 
     # -- page reads --------------------------------------------------------
 
