@@ -145,7 +145,6 @@ def connect(uri: str, *, write: bool, create: bool = False) -> apsw.Connection:
         conn.set_busy_timeout(BUSY_TIMEOUT_MS)
         conn.config(apsw.SQLITE_DBCONFIG_DEFENSIVE, 1)
         conn.config(apsw.SQLITE_DBCONFIG_TRUSTED_SCHEMA, 0)
-        conn.execute("PRAGMA trusted_schema=OFF")
         conn.execute("PRAGMA foreign_keys=ON")
         if write:
             conn.execute("PRAGMA synchronous=FULL")
