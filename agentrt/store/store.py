@@ -47,7 +47,7 @@ from agentrt.store.rows import (
     run_from_row,
     step_from_row,
 )
-from agentrt.store.tx import Tx
+from agentrt.store.tx import TxScope
 from agentrt.timefmt import parse_time
 
 __all__ = ["ReadOnlyStoreError", "Store", "open_existing", "open_store"]
@@ -133,31 +133,20 @@ class Store:
 
     # -- writes ------------------------------------------------------------
 
-    @contextmanager
-    def tx(self, observer: Observer | None = None) -> Iterator[Tx]:
-        """One write transaction: BEGIN IMMEDIATE, the mutation, COMMIT, then events.
+    def tx(self, observer: Observer | None = None) -> TxScope:
+        """One write transaction: ``with store.tx(observer) as tx: ...``.
 
-        Any exception inside rolls the transaction back (and propagates), so the
-        connection is never left inside an open transaction. The observer gets
-        the events only after COMMIT, in append order.
+        BEGIN IMMEDIATE (the write lock is taken up front, so a read-then-write
+        transaction waits for another process's writer instead of failing),
+        the mutation and its ``tx.append``-ed events, COMMIT, and only then the
+        events to the observer, in append order. Any exception inside rolls
+        the transaction back and propagates; the connection stays usable.
         """
         if self.read_only:
             raise ReadOnlyStoreError(
                 f"{self.path} was opened read-only; open it with "
                 "open_existing(path, read_only=False) to write")
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            tx = Tx(self._conn)
-            try:
-                yield tx
-                self._conn.execute("COMMIT")
-            except BaseException:
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
-                raise
-        if observer is not None:
-            for event in tx.events:
-                observer(event)
+        return TxScope(self._conn, self._lock, observer)
 
     # -- full reads --------------------------------------------------------
 
