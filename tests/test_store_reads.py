@@ -408,3 +408,27 @@ def test_tool_spec_is_re_hashed_on_the_way_out(store):
         store.tool_spec(digest)
     with pytest.raises(NotFoundError):
         store.tool_spec("0" * 64)
+
+
+def test_events_read_back_are_events_equal_to_the_observed_ones(store):
+    import copy
+    import pickle
+
+    from agentrt import Event
+
+    seen: list[Event] = []
+    with store.tx(seen.append) as tx:
+        insert_run(tx, "r")
+        tx.append("r", "s", T0 + timedelta(microseconds=1), "step.started", {"i": 1})
+    for read in (store.list_events("r"), store.list_events_after("", 0, 10),
+                 store.list_events_page("r", 10, 0)[0]):
+        (event,) = read
+        assert isinstance(event, Event)
+        assert event == seen[0] and hash(event) == hash(seen[0])
+        assert (event.seq, event.run_id, event.step_id, event.type, event.payload) == (
+            1, "r", "s", "step.started", b'{"i":1}')
+        assert event.at_text == "2026-10-01T09:00:00.000001Z"
+        assert event.at == T0 + timedelta(microseconds=1)
+        assert pickle.loads(pickle.dumps(event)) == event == copy.copy(event)
+        assert repr(event).startswith("Event(seq=1, run_id='r'")
+        assert event._replace(seq=9).seq == 9
