@@ -173,6 +173,20 @@ def test_refuses_a_wal_file_owned_by_another_user(tmp_path):
 
 
 @posix_modes
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                    reason="reading another user's database needs root")
+def test_root_reading_a_users_database_leaves_the_wal_files_to_that_user(tmp_path):
+    # Otherwise the owner's next open would refuse root's -wal as another user's.
+    path = new_db(tmp_path)
+    os.chown(path, 4242, 4242)
+    with open_existing(path) as store:
+        store.list_runs()
+    sidecars = [path + "-wal", path + "-shm"]
+    assert [(os.stat(f).st_uid, mode_of(f)) for f in sidecars] == [(4242, 0o600)] * 2
+    assert file_state(path)[2] == 0o600
+
+
+@posix_modes
 @pytest.mark.parametrize("kind", ["directory", "symlink", "fifo"])
 def test_refuses_a_wal_path_that_is_not_a_regular_file(tmp_path, kind):
     path = new_db(tmp_path)
