@@ -4,7 +4,7 @@ from agentrt.store.chainread import ChainBreak, VerifyReport
 from agentrt.store.opening import StoreOpenError
 from agentrt.store.pages import PageError
 from agentrt.store.store import ReadOnlyStoreError, Store, open_existing, open_store
-from agentrt.store.tx import Tx
+from agentrt.store.tx import Tx, TxScope
 
 __all__ = [
     "ChainBreak",
@@ -13,6 +13,7 @@ __all__ = [
     "Store",
     "StoreOpenError",
     "Tx",
+    "TxScope",
     "VerifyReport",
     "open_existing",
     "open_store",

@@ -10,6 +10,7 @@ not commit.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
 from types import TracebackType
@@ -69,10 +70,12 @@ class Tx:
     def conn(self) -> apsw.Connection:
         return self._conn
 
-    def execute(self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()) -> apsw.Cursor:
+    def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> apsw.Cursor:
+        """Run one statement (or several) in this transaction."""
         return self._conn.execute(sql, params)
 
-    def one(self, sql: str, params: tuple[Any, ...] = ()) -> tuple[Any, ...] | None:
+    def one(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()
+            ) -> tuple[Any, ...] | None:
         """The first row of a query, or None."""
         row = self._conn.execute(sql, params).fetchone()
         return tuple(row) if row is not None else None
