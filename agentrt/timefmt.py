@@ -73,7 +73,7 @@ def format_time_nano(t: datetime | None) -> str:
     if t.tzinfo is None:
         t = t.replace(tzinfo=UTC)
     off = t.utcoffset() or timedelta(0)
-    base = t.strftime("%Y-%m-%dT%H:%M:%S") + _fraction(t.microsecond)
+    base = t.replace(tzinfo=None, microsecond=0).isoformat() + _fraction(t.microsecond)
     if not off:
         return base + "Z"
     minutes = int(off.total_seconds()) // 60

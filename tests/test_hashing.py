@@ -80,3 +80,24 @@ def test_changed_tool_spec_is_another_hash():
     ]
     hashes = {base.spec_hash()[0]} | {spec.spec_hash()[0] for spec in changed}
     assert len(hashes) == 1 + len(changed)
+
+
+def test_keys_equal_after_replacement_collapse_and_never_fail_the_hash():
+    # "\ud800" decodes to U+FFFD: the two keys become one, the last winning, as in Go.
+    raw = b'{"\\ud800":1,"\\ufffd":{}}'
+    assert content_hash(raw) == content_hash('{"\ufffd":{}}'.encode())
+    assert check_json(raw) == "unpaired surrogate \\ud800"
+
+
+def test_approval_json_times_are_rfc3339_and_created_at_is_never_empty():
+    from datetime import UTC, datetime
+
+    from agentrt import Approval
+
+    approval = Approval("a", "r", "s", "k", b"{}", b"{}", None, "h", "pending",
+                        created_at=datetime(2026, 10, 1, 9, 0, 0, 500000, tzinfo=UTC))
+    out = approval.to_json()
+    assert out["created_at"] == "2026-10-01T09:00:00.5Z"
+    assert "expires_at" not in out and "decided_at" not in out
+    approval.created_at = None  # a stored time that did not decode
+    assert approval.to_json()["created_at"] == "0001-01-01T00:00:00Z"
