@@ -101,3 +101,38 @@ def test_approval_json_times_are_rfc3339_and_created_at_is_never_empty():
     assert "expires_at" not in out and "decided_at" not in out
     approval.created_at = None  # a stored time that did not decode
     assert approval.to_json()["created_at"] == "0001-01-01T00:00:00Z"
+
+
+tricky_text = st.text(
+    alphabet=st.sampled_from(list("ab<>&\"\\/\x00\x01\x1f\x7f\u2028\u2029é—€\U0001f600\ufffd")),
+    max_size=8) | st.text(max_size=8)
+plain_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**80), 2**80) | tricky_text,
+    lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
+    | st.dictionaries(tricky_text, inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(plain_values, st.booleans())
+def test_go_encoding_fast_path_is_the_encoder(value, html):
+    from agentrt.gojson import _encode
+
+    out: list[str] = []
+    _encode(value, out, html)
+    assert dumps(value, html=html) == "".join(out).encode("utf-8", "surrogateescape")
+
+
+def test_go_encoding_keeps_refusing_what_go_would_not_write():
+    import pytest
+
+    from agentrt.events import EventType
+    from agentrt.gojson import Raw
+
+    with pytest.raises(TypeError):
+        dumps({"cost": 1.5})
+    assert dumps({"type": EventType.RUN_STARTED, "n": True}) == b'{"type":"run.started","n":true}'
+    assert dumps({"raw": Raw(b' { "a" : "<" } ')}) == b'{"raw":{"a":"\\u003c"}}'
+    assert dumps("\ud800") == b'"\\ufffd"'  # a lone surrogate, as Go writes it
+    assert dumps(2**70) == b"1180591620717411303424"
