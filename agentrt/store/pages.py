@@ -44,10 +44,16 @@ __all__ = [
 N = MAX_PAGE_TEXT
 
 
+def _as_text(col: str) -> str:
+    # A writer that binds JSON as bytes stores a BLOB; the JSON functions refuse
+    # BLOBs and length() would count its bytes, so they all see it as text.
+    return f"CAST({col} AS TEXT)"
+
+
 def _fits(col: str) -> str:
     # octet_length reads only the record header; a value of at most N bytes
     # cannot exceed N characters, so most rows never count characters.
-    return f"(octet_length({col}) <= {N} OR length({col}) <= {N})"
+    return f"(octet_length({col}) <= {N} OR length({_as_text(col)}) <= {N})"
 
 
 def capped_text(col: str) -> str:
@@ -55,19 +61,21 @@ def capped_text(col: str) -> str:
 
     Always text: a BLOB or number stored in the column is cast, NULL reads ''.
     """
+    text = _as_text(col)
     return (
-        f"CASE WHEN {_fits(col)} THEN CAST({col} AS TEXT) WHEN {col} IS NULL THEN '' "
-        f"ELSE substr({col}, 1, {N}) || '…[truncated: ' || length({col}) || ' characters]' END"
+        f"CASE WHEN {_fits(col)} THEN {text} WHEN {col} IS NULL THEN '' "
+        f"ELSE substr({text}, 1, {N}) || '…[truncated: ' || length({text}) || ' characters]' END"
     )
 
 
 def capped_json(col: str) -> str:
     """SQL for a JSON column as bytes, replaced when too long by the truncation
     object ``{"truncated":true,"length":L,"head":"<first N characters>"}``."""
+    text = _as_text(col)
     return (
         f"CASE WHEN {_fits(col)} THEN CAST({col} AS BLOB) WHEN {col} IS NULL THEN X'' "
-        f"ELSE CAST(json_object('truncated', json('true'), 'length', length({col}), "
-        f"'head', substr({col}, 1, {N})) AS BLOB) END"
+        f"ELSE CAST(json_object('truncated', json('true'), 'length', length({text}), "
+        f"'head', substr({text}, 1, {N})) AS BLOB) END"
     )
 
 
@@ -97,7 +105,7 @@ def _n(col: str) -> tuple[str, str]:
 _RUN_PAGE = Columns.of(
     [
         _t("id"), _t("goal"), _t("status"), _t("reason"), _t("reason_detail"),
-        (f"CASE WHEN {_fits('limits_json')} THEN CAST(limits_json AS TEXT) ELSE '' END", TEXT),
+        (f"CASE WHEN {_fits('limits_json')} THEN {_as_text('limits_json')} ELSE '' END", TEXT),
         _n("step_count"),
         _t("created_at"), _t("started_at"), _t("finished_at"),
         _j("result_json"),
@@ -131,10 +139,11 @@ def run_capped(conn: apsw.Connection, run_id: str) -> Run:
 
 
 def _small_object(col: str, fields: Sequence[str]) -> str:
+    text = _as_text(col)
     parts = ", ".join(
-        f"'{f}', substr(json_extract({col}, '$.{f}'), 1, {N})" for f in fields
+        f"'{f}', substr(json_extract({text}, '$.{f}'), 1, {N})" for f in fields
     )
-    return f"CASE WHEN json_valid({col}) THEN json_object({parts}) ELSE '' END"
+    return f"CASE WHEN json_valid({text}) THEN json_object({parts}) ELSE '' END"
 
 
 _STEP_SMALL = {
@@ -148,13 +157,14 @@ _STEP_LABELS = {"decision_json": "decision", "policy_json": "policy",
 _STEP_PAGE = Columns.of(
     [_t("id"), _t("run_id"), _n("idx"), _t("status")]
     + [
-        (f"CASE WHEN {_fits(col)} THEN CAST({col} AS TEXT) WHEN {col} IS NULL THEN '' "
+        (f"CASE WHEN {_fits(col)} THEN {_as_text(col)} WHEN {col} IS NULL THEN '' "
          f"ELSE {_small_object(col, fields)} END", TEXT)
         for col, fields in _STEP_SMALL.items()
     ]
     + [_t("observation_hash"), _t("started_at"), _t("finished_at"), _t("spec_hash"),
        _t("policy_id")]
-    + [(f"CASE WHEN {_fits(col)} THEN 0 ELSE length({col}) END", OTHER) for col in _STEP_SMALL]
+    + [(f"CASE WHEN {_fits(col)} THEN 0 ELSE length({_as_text(col)}) END", OTHER)
+       for col in _STEP_SMALL]
 )
 
 
@@ -181,22 +191,23 @@ def steps_page(
     return steps, total
 
 
+_REQUEST = _as_text("request_json")
 _REQUEST_SMALL = (
     "json_object("
-    f"'run_id', substr(json_extract(request_json, '$.run_id'), 1, {N}), "
-    f"'step_id', substr(json_extract(request_json, '$.step_id'), 1, {N}), "
-    f"'spec', json_object('name', substr(json_extract(request_json, '$.spec.name'), 1, {N})), "
-    "'args', json_object('truncated', json('true'), 'length', length(request_json)))"
+    f"'run_id', substr(json_extract({_REQUEST}, '$.run_id'), 1, {N}), "
+    f"'step_id', substr(json_extract({_REQUEST}, '$.step_id'), 1, {N}), "
+    f"'spec', json_object('name', substr(json_extract({_REQUEST}, '$.spec.name'), 1, {N})), "
+    f"'args', json_object('truncated', json('true'), 'length', length({_REQUEST})))"
 )
 
 _APPROVAL_PAGE = Columns.of(
     [_t("id"), _t("run_id"), _t("step_id"), _t("kind"),
      _j("capability_json"), _j("presentation_json"),
-     (f"CASE WHEN {_fits('request_json')} THEN CAST(request_json AS TEXT) "
-      f"WHEN json_valid(request_json) THEN {_REQUEST_SMALL} ELSE '' END", TEXT),
+     (f"CASE WHEN {_fits('request_json')} THEN {_REQUEST} "
+      f"WHEN json_valid({_REQUEST}) THEN {_REQUEST_SMALL} ELSE '' END", TEXT),
      _t("hash"), _t("status"), _t("created_at"), _t("expires_at"), _t("decided_at"),
      _t("decided_by"), _t("note"),
-     (f"CASE WHEN {_fits('request_json')} THEN 0 ELSE length(request_json) END", OTHER)]
+     (f"CASE WHEN {_fits('request_json')} THEN 0 ELSE length({_REQUEST}) END", OTHER)]
 )
 
 

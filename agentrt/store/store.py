@@ -308,10 +308,11 @@ class Store:
                 raise NotFoundError(f"approval {approval_id} of run {run_id}")
             found = fetch(
                 self._conn, _REASON_COLUMNS,
-                "FROM (SELECT json_extract(payload_json, '$.reason') AS reason FROM events "
-                "WHERE run_id = ? AND CAST(step_id AS BLOB) = ? AND type = ? "
-                "AND json_valid(payload_json) "
-                "AND json_extract(payload_json, '$.approval_id') = ? ORDER BY seq LIMIT 1)",
+                "FROM (SELECT json_extract(CAST(payload_json AS TEXT), '$.reason') AS reason "
+                "FROM events WHERE run_id = ? AND CAST(step_id AS BLOB) = ? AND type = ? "
+                "AND json_valid(CAST(payload_json AS TEXT)) "
+                "AND json_extract(CAST(payload_json AS TEXT), '$.approval_id') = ? "
+                "ORDER BY seq LIMIT 1)",
                 (run_id, row[0], EventType.APPROVAL_REQUESTED.value, approval_id),
             )
         return str(found[0][0]) if found else ""
