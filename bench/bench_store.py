@@ -110,6 +110,9 @@ def build_events(path: str, n: int, runs: int = 1000) -> float:
             "VALUES (?, ?, ?, ?, ?, ?, ?)", _rows(n, runs))
         conn.execute("COMMIT")
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        check = store.verify_events(max(1, n - 999), 0)  # the chain is the runtime's
+        if not check.intact or check.to_seq != n:
+            raise SystemExit(f"generated chain does not verify: {check}")
     return time.perf_counter() - started
 
 
