@@ -263,6 +263,18 @@ def test_writers_harden_both_connections(tmp_path, opener):
         assert _pragmas(lease) == WRITER
 
 
+def test_writers_sync_every_commit_whatever_sqlites_default(tmp_path, monkeypatch):
+    # Some SQLite builds default to synchronous=NORMAL; imitate one on every connection.
+    monkeypatch.setattr(apsw, "connection_hooks",
+                        [*apsw.connection_hooks,
+                         lambda conn: conn.execute("PRAGMA synchronous=OFF")])
+    path = new_db(tmp_path)
+    for store in (open_store(path), open_existing(path, read_only=False)):
+        with store, store.lease_connection() as lease:
+            for conn in (store.db(), lease):
+                assert conn.execute("PRAGMA synchronous").fetchone() == (2,)
+
+
 def test_read_only_connection_is_hardened_too(tmp_path):
     path = new_db(tmp_path)
     with open_existing(path) as store:
