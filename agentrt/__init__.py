@@ -73,6 +73,7 @@ from agentrt.records import (
     approval_hash,
     default_limits,
 )
+from agentrt.store import Store, open_existing, open_store
 
 __all__ = [
     "ALL_EVENT_TYPES",
@@ -124,6 +125,7 @@ __all__ = [
     "Step",
     "StepInput",
     "StepStatus",
+    "Store",
     "SymlinkError",
     "ToolCall",
     "ToolError",
@@ -141,6 +143,8 @@ __all__ = [
     "check_json",
     "content_hash",
     "default_limits",
+    "open_existing",
+    "open_store",
     "policy_json",
     "reject",
     "reject_shown",

@@ -57,9 +57,12 @@ def _encode_canonical(value: Any, out: list[str], html: bool) -> None:
     elif isinstance(value, str):
         out.append(encode_string(_clean(value), html))
     elif isinstance(value, dict):
-        items = sorted((_clean(k), v) for k, v in value.items())
+        # Keys that differ only by a lone surrogate become one key, the last
+        # one winning, as in Go's map; sorting by key alone never compares values.
+        cleaned = {_clean(k): v for k, v in value.items()}
         out.append("{")
-        for i, (k, v) in enumerate(items):
+        for i, k in enumerate(sorted(cleaned)):
+            v = cleaned[k]
             if i:
                 out.append(",")
             out.append(encode_string(k, html))

@@ -28,15 +28,15 @@ def chain_hash(
 ) -> str:
     """Lowercase hex sha256 over seven netstrings of the fields exactly as stored."""
     payload = payload_json.encode("utf-8") if isinstance(payload_json, str) else payload_json
-    h = hashlib.sha256()
-    for part in (
-        prev_hash.encode("utf-8"),
-        str(seq).encode("ascii"),
-        run_id.encode("utf-8"),
-        step_id.encode("utf-8"),
-        at.encode("utf-8"),
-        type.encode("utf-8"),
-        payload,
-    ):
-        h.update(netstring(part))
-    return h.hexdigest()
+    p = prev_hash.encode("utf-8")
+    s = str(seq).encode("ascii")
+    r = run_id.encode("utf-8")
+    st = step_id.encode("utf-8")
+    a = at.encode("utf-8")
+    t = type.encode("utf-8")
+    # One buffer, formatted at once: the writer computes this on every append.
+    return hashlib.sha256(
+        b"%d:%b,%d:%b,%d:%b,%d:%b,%d:%b,%d:%b,%d:%b,"
+        % (len(p), p, len(s), s, len(r), r, len(st), st, len(a), a, len(t), t,
+           len(payload), payload)
+    ).hexdigest()

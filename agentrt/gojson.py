@@ -165,9 +165,54 @@ def _encode(value: Any, out: list[str], html: bool) -> None:
         raise TypeError(f"cannot encode {type(value).__name__} as JSON")
 
 
+_SCALARS = (str, int, bool, type(None))
+
+
+def _plain(value: Any) -> bool:
+    """Whether orjson writes ``value`` as Go does, up to the escapes :func:`dumps` adds:
+    strings, integers, booleans, None, and dicts (string keys) and lists of them."""
+    t = type(value)
+    if t in _SCALARS:
+        return True
+    if t is dict:
+        for k, v in value.items():
+            if type(k) is not str or (type(v) not in _SCALARS and not _plain(v)):
+                return False
+        return True
+    if t is list or t is tuple:
+        return all(type(v) in _SCALARS or _plain(v) for v in value)
+    # A str or int subclass (a StrEnum) is written as its value by both.
+    return isinstance(value, (str, int))
+
+
+_GO_ESCAPES_ALWAYS = ((b"\xe2\x80\xa8", b"\\u2028"), (b"\xe2\x80\xa9", b"\\u2029"))
+_GO_ESCAPES_HTML = _GO_ESCAPES_ALWAYS + (
+    (b"<", b"\\u003c"), (b">", b"\\u003e"), (b"&", b"\\u0026"))
+# The bytes that may start an escape; one pass over the output finds them all.
+_ESCAPE_STARTS_HTML = b"<>&\xe2"
+_ESCAPE_STARTS = b"\xe2"
+
+
 def dumps(value: Any, html: bool = True) -> bytes:
     """Encode ``value`` as Go's ``json.Marshal`` would (``html=True``) or an
-    ``Encoder`` with ``SetEscapeHTML(false)`` (``html=False``), without newline."""
+    ``Encoder`` with ``SetEscapeHTML(false)`` (``html=False``), without newline.
+
+    Plain values (no raw JSON, no floats) go through orjson, some 50x faster,
+    whose output differs from Go's only in the escapes added here: ``<``,
+    ``>``, ``&``, U+2028 and U+2029 can only occur inside strings, so replacing
+    their bytes is exact (``test_go_encoding_fast_path_is_the_encoder``).
+    """
+    if _plain(value):
+        try:
+            data = orjson.dumps(value)
+        except orjson.JSONEncodeError:
+            pass  # an integer past 64 bits, a lone surrogate: the encoder below
+        else:
+            starts = _ESCAPE_STARTS_HTML if html else _ESCAPE_STARTS
+            if len(data.translate(None, starts)) != len(data):
+                for raw, escaped in _GO_ESCAPES_HTML if html else _GO_ESCAPES_ALWAYS:
+                    data = data.replace(raw, escaped)
+            return data
     out: list[str] = []
     _encode(value, out, html)
     return "".join(out).encode("utf-8", "surrogateescape")

@@ -18,7 +18,7 @@ from typing import Any
 
 from agentrt.canonical import canonical_text
 from agentrt.gojson import Raw, dumps, raw_members
-from agentrt.timefmt import format_time, parse_time
+from agentrt.timefmt import format_time_nano, parse_time
 
 __all__ = [
     "DEFAULT_LEASE_TTL",
@@ -594,12 +594,14 @@ class Approval:
             "request": self.request.to_json() if self.request is not None else None,
             "hash": self.hash,
             "status": self.status,
-            "created_at": format_time(self.created_at),
+            # Go marshals a time.Time as RFC 3339 with nanoseconds; created_at
+            # is not omitzero, so an unreadable one is the zero time, not "".
+            "created_at": format_time_nano(self.created_at),
         }
         if self.expires_at is not None:
-            out["expires_at"] = format_time(self.expires_at)
+            out["expires_at"] = format_time_nano(self.expires_at)
         if self.decided_at is not None:
-            out["decided_at"] = format_time(self.decided_at)
+            out["decided_at"] = format_time_nano(self.decided_at)
         if self.decided_by:
             out["decided_by"] = self.decided_by
         if self.note:

@@ -3,15 +3,17 @@
 from agentrt.store.chainread import ChainBreak, VerifyReport
 from agentrt.store.opening import StoreOpenError
 from agentrt.store.pages import PageError
-from agentrt.store.store import Store, open_existing, open_store
-from agentrt.store.tx import Tx
+from agentrt.store.store import ReadOnlyStoreError, Store, open_existing, open_store
+from agentrt.store.tx import Tx, TxScope
 
 __all__ = [
     "ChainBreak",
     "PageError",
+    "ReadOnlyStoreError",
     "Store",
     "StoreOpenError",
     "Tx",
+    "TxScope",
     "VerifyReport",
     "open_existing",
     "open_store",

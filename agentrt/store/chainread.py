@@ -9,8 +9,9 @@ streamed into the hash in 64 KiB chunks, so a huge payload never sits in memory.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import apsw
 
@@ -30,7 +31,7 @@ STORED_HASH_CAP = 128
 _FIELDS = ("run_id", "step_id", "at", "type", "payload_json")
 
 _PAGE_SQL = (
-    "SELECT seq, substr(hash, 1, %d), " % STORED_HASH_CAP
+    f"SELECT seq, substr(hash, 1, {STORED_HASH_CAP}), "
     + ", ".join(
         f"length(CAST({f} AS BLOB)), substr(CAST({f} AS BLOB), 1, {CHAIN_INLINE})"
         for f in _FIELDS
@@ -72,20 +73,20 @@ def _as_bytes(v: object) -> bytes:
     return str(v).encode("utf-8")
 
 
-def _event_hash(conn: apsw.Connection, prev: str, row: tuple[object, ...]) -> str:
-    seq = int(row[0])  # type: ignore[call-overload]
+def _event_hash(conn: apsw.Connection, prev: str, row: Sequence[Any]) -> str:
+    seq = int(row[0])
     h = hashlib.sha256()
-    parts: list[tuple[int, bytes, str | None]] = [
-        (len(prev.encode()), prev.encode(), None),
-        (len(str(seq)), str(seq).encode(), None),
+    parts: list[tuple[int, bytes, str]] = [
+        (len(prev.encode()), prev.encode(), ""),
+        (len(str(seq)), str(seq).encode(), ""),
     ]
-    for i, name in enumerate(_FIELDS):
-        length = int(row[2 + 2 * i] or 0)  # type: ignore[call-overload]
-        parts.append((length, _as_bytes(row[3 + 2 * i]), name))
+    for i, field in enumerate(_FIELDS):
+        length = int(row[2 + 2 * i] or 0)
+        parts.append((length, _as_bytes(row[3 + 2 * i]), field))
     for length, head, name in parts:
         h.update(b"%d:" % length)
         h.update(head)
-        if name is not None and length > CHAIN_INLINE:
+        if name and length > CHAIN_INLINE:
             offset = CHAIN_INLINE + 1
             while offset <= length:
                 chunk = conn.execute(
@@ -98,14 +99,14 @@ def _event_hash(conn: apsw.Connection, prev: str, row: tuple[object, ...]) -> st
     return h.hexdigest()
 
 
-def _pages(conn: apsw.Connection, first: int, last: int) -> Iterator[list[tuple[object, ...]]]:
+def _pages(conn: apsw.Connection, first: int, last: int) -> Iterator[list[Any]]:
     at = first
     while at <= last:
         rows = list(conn.execute(_PAGE_SQL, (at, last, CHAIN_PAGE)))
         if not rows:
             return
         yield rows
-        at = int(rows[-1][0]) + 1  # type: ignore[call-overload]
+        at = int(rows[-1][0]) + 1
 
 
 def backfill_hashes(conn: apsw.Connection) -> None:
@@ -115,7 +116,7 @@ def backfill_hashes(conn: apsw.Connection) -> None:
     for rows in _pages(conn, 0, 2**63 - 1):
         for row in rows:
             prev = _event_hash(conn, prev, row)
-            updates.append((prev, int(row[0])))  # type: ignore[call-overload]
+            updates.append((prev, int(row[0])))
         conn.executemany("UPDATE events SET hash = ? WHERE seq = ?", updates)
         updates.clear()
 
@@ -147,7 +148,7 @@ def verify(conn: apsw.Connection, from_seq: int = 0, to_seq: int = 0) -> VerifyR
     expected_seq: int | None = None
     for rows in _pages(conn, first, last):
         for row in rows:
-            seq = int(row[0])  # type: ignore[call-overload]
+            seq = int(row[0])
             stored = str(row[1] or "")
             if expected_seq is None and first == 1 and seq != 1:
                 return VerifyReport(first, last, checked, last_hash, ChainBreak(

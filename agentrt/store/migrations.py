@@ -17,7 +17,7 @@ from agentrt.records import DEFAULT_LEASE_TTL, PRE_LEASE_OWNER
 from agentrt.store.chainread import backfill_hashes
 from agentrt.timefmt import format_time
 
-__all__ = ["MIGRATIONS", "current_version", "migrate"]
+__all__ = ["MIGRATIONS", "current_version", "migrate", "refuse_newer"]
 
 _M1 = """
 CREATE TABLE runs (
@@ -139,13 +139,40 @@ _SIDE_ACTIONS = {5: _lease_placeholders, 6: backfill_hashes}
 
 
 def current_version(conn: apsw.Connection) -> int:
+    """The highest applied migration; raises apsw.SQLError without schema_migrations."""
     row = conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations").fetchone()
     return int(row[0]) if row else 0
+
+
+def _refuse_newer(version: int, path: str) -> None:
+    known = len(MIGRATIONS)
+    if version > known:
+        raise SchemaVersionError(
+            f"{path}: the database is at version {version}, this build knows {known}; "
+            f"open it with the agentrt build that migrated it to version {version}",
+            found=version,
+            known=known,
+        )
+
+
+def refuse_newer(conn: apsw.Connection, path: str) -> None:
+    """Refuse, before anything is written, a database a newer build migrated.
+
+    :func:`migrate` checks again inside its transaction; this earlier check
+    keeps the refusal from switching the file to WAL first.
+    """
+    row = conn.execute(
+        "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'schema_migrations'"
+    ).fetchone()
+    if row is not None:
+        _refuse_newer(current_version(conn), path)
 
 
 def migrate(conn: apsw.Connection, path: str) -> None:
     """Apply every missing migration in one IMMEDIATE transaction.
 
+    The transaction reads the version first, so of two processes opening a
+    new file at once the second waits for the first and finds the work done.
     Raises SchemaVersionError, changing nothing, for a database a newer build
     migrated.
     """
@@ -156,15 +183,8 @@ def migrate(conn: apsw.Connection, path: str) -> None:
             "version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)"
         )
         version = current_version(conn)
-        known = len(MIGRATIONS)
-        if version > known:
-            raise SchemaVersionError(
-                f"{path}: the database is at version {version}, this build knows {known}; "
-                "use the newer agentrt that migrated it",
-                found=version,
-                known=known,
-            )
-        for number in range(version + 1, known + 1):
+        _refuse_newer(version, path)
+        for number in range(version + 1, len(MIGRATIONS) + 1):
             conn.execute(MIGRATIONS[number - 1])
             side = _SIDE_ACTIONS.get(number)
             if side is not None:
@@ -174,6 +194,7 @@ def migrate(conn: apsw.Connection, path: str) -> None:
                 (number, format_time(datetime.now(UTC))),
             )
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")

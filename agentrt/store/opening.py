@@ -14,10 +14,19 @@ import os
 import stat
 import sys
 import time
+from collections.abc import Iterator
 
 import apsw
 
-from agentrt.errors import AgentrtError, InsecureModeError, SymlinkError, UnsafeSchemaError
+from agentrt.errors import (
+    AgentrtError,
+    InsecureModeError,
+    SchemaVersionError,
+    SymlinkError,
+    UnsafeSchemaError,
+)
+from agentrt.records import SCHEMA_VERSION
+from agentrt.store.migrations import current_version, migrate, refuse_newer
 
 __all__ = [
     "BUSY_TIMEOUT_MS",
@@ -25,6 +34,9 @@ __all__ = [
     "close_quietly",
     "connect",
     "lstat_regular",
+    "open_memory",
+    "open_reader",
+    "open_writer",
     "refuse_unsafe_schema",
     "secure_files",
     "sqlite_uri",
@@ -46,10 +58,8 @@ class StoreOpenError(AgentrtError):
 def sqlite_uri(path: str, params: dict[str, str]) -> str:
     """A ``file:`` URI naming exactly ``path``, even with ``?``, ``#`` or ``%`` in it."""
     escaped = path.replace("%", "%25").replace("?", "%3F").replace("#", "%23")
-    if os.path.isabs(path):
-        escaped = "file://" + escaped  # empty authority: a leading // stays a path
-    else:
-        escaped = "file:" + escaped
+    # An absolute path gets an empty authority, so a leading // stays a path.
+    escaped = ("file://" if os.path.isabs(path) else "file:") + escaped
     query = "&".join(f"{k}={v}" for k, v in params.items())
     return f"{escaped}?{query}" if query else escaped
 
@@ -66,10 +76,12 @@ def _check_one(path: str, st: os.stat_result, db_uid: int, sidecar: bool) -> Non
 def secure_files(path: str, *, create: bool, write: bool) -> None:
     """Apply the mode rules to the database file and its ``-wal``/``-shm`` sidecars.
 
-    Creates a missing file 0600 when ``create``; refuses a file group or others
-    can write, and a sidecar that is not a regular file or has another owner;
-    a writer tightens files others can only read. A read-only open changes
-    nothing. Skipped where file modes do not mean owner, group and others.
+    Creates a missing file 0600 when ``create``; refuses a database that is
+    not a regular file, a file group or others can write, and a sidecar that
+    is not a regular file or has another owner than the database; with
+    ``write``, tightens to 0600 the files this user owns that others can read.
+    A read-only open changes nothing. Skipped where file modes do not mean
+    owner, group and others.
     """
     if not _MODES_MEAN_OWNERSHIP:
         return
@@ -79,7 +91,7 @@ def secure_files(path: str, *, create: bool, write: bool) -> None:
         except FileExistsError:
             pass  # another creator won the race; the checks below still apply
         except OSError as exc:
-            raise StoreOpenError(f"{path}: {exc.strerror}") from exc
+            raise StoreOpenError(f"cannot create {path}: {exc.strerror}") from exc
         else:
             try:
                 os.fchmod(fd, 0o600)  # whatever the umask
@@ -87,8 +99,14 @@ def secure_files(path: str, *, create: bool, write: bool) -> None:
                 os.close(fd)
     try:
         db = os.stat(path)
+    except FileNotFoundError as exc:
+        raise StoreOpenError(
+            f"{path} does not exist; name an existing agentrt database file"
+        ) from exc
     except OSError as exc:
         raise StoreOpenError(f"{path}: {exc.strerror}") from exc
+    if not stat.S_ISREG(db.st_mode):
+        raise StoreOpenError(f"{path} is not a regular file; name the database file itself")
     files: list[tuple[str, os.stat_result]] = [(path, db)]
     _check_one(path, db, db.st_uid, sidecar=False)
     for suffix in ("-wal", "-shm"):
@@ -127,7 +145,6 @@ def connect(uri: str, *, write: bool, create: bool = False) -> apsw.Connection:
         conn.set_busy_timeout(BUSY_TIMEOUT_MS)
         conn.config(apsw.SQLITE_DBCONFIG_DEFENSIVE, 1)
         conn.config(apsw.SQLITE_DBCONFIG_TRUSTED_SCHEMA, 0)
-        conn.execute("PRAGMA trusted_schema=OFF")
         conn.execute("PRAGMA foreign_keys=ON")
         if write:
             conn.execute("PRAGMA synchronous=FULL")
@@ -154,15 +171,19 @@ def switch_to_wal(conn: apsw.Connection, path: str) -> None:
 
 
 def refuse_unsafe_schema(conn: apsw.Connection, path: str) -> None:
-    """Refuse a file holding a trigger or view: either would run its author's SQL."""
+    """Refuse a file holding a trigger or view: either would run its author's
+    SQL inside the runtime's own statements. The runtime creates neither."""
     row = conn.execute(
-        "SELECT type, name FROM sqlite_schema WHERE type IN ('trigger','view') LIMIT 1"
+        "SELECT type, CAST(substr(name, 1, 128) AS BLOB) FROM sqlite_schema "
+        "WHERE type IN ('trigger', 'view') LIMIT 1"
     ).fetchone()
     if row is not None:
-        kind, name = row
+        kind = str(row[0])
+        name = bytes(row[1] or b"").decode("utf-8", "replace")
         raise UnsafeSchemaError(
-            f'{path} has {kind} "{name}"; the runtime creates neither and will not run '
-            "SQL a database's author put there: open a copy without it"
+            f'{path} has {kind} "{name}"; the runtime creates neither and will not run SQL '
+            f'a database\'s author put there: drop it (DROP {kind.upper()} "{name}") if you '
+            "trust the file, or open a copy without it"
         )
 
 
@@ -186,3 +207,107 @@ def close_quietly(conn: apsw.Connection | None) -> None:
     if conn is not None:
         with contextlib.suppress(apsw.Error):
             conn.close()
+
+
+@contextlib.contextmanager
+def _opening(path: str, conns: list[apsw.Connection]) -> Iterator[None]:
+    """Close what was opened if opening fails, and word SQLite's errors."""
+    try:
+        yield
+    except BaseException as exc:
+        for conn in reversed(conns):
+            close_quietly(conn)
+        if isinstance(exc, apsw.NotADBError):
+            raise StoreOpenError(
+                f"{path} is not a SQLite database; name the agentrt database file"
+            ) from exc
+        if isinstance(exc, apsw.Error):
+            raise StoreOpenError(f"{path}: {exc}") from exc
+        raise
+
+
+def _not_agentrt(path: str, exc: apsw.Error) -> StoreOpenError:
+    return StoreOpenError(
+        f"{path} is not an agent-runtime database ({exc}); name the database file an "
+        "agentrt consumer created"
+    )
+
+
+def open_memory() -> apsw.Connection:
+    """One migrated in-memory connection: no file, no WAL, no mode rules."""
+    conn = connect("file::memory:", write=True, create=True)
+    with _opening(":memory:", [conn]):
+        migrate(conn, ":memory:")
+    return conn
+
+
+def open_writer(path: str) -> tuple[apsw.Connection, apsw.Connection]:
+    """``open_store``'s two connections: the store's and the lease heartbeat's.
+
+    Nothing is written to a file that is refused: the checks (modes, trigger
+    or view, a newer schema) come before the switch to WAL, the migrations
+    and the tightening of modes.
+    """
+    secure_files(path, create=True, write=False)
+    uri = sqlite_uri(path, {})
+    conns: list[apsw.Connection] = []
+    with _opening(path, conns):
+        conns.append(connect(uri, write=True, create=True))
+        conn = conns[0]
+        refuse_unsafe_schema(conn, path)
+        refuse_newer(conn, path)
+        switch_to_wal(conn, path)
+        migrate(conn, path)
+        conns.append(connect(uri, write=True))
+        secure_files(path, create=False, write=True)  # the WAL files SQLite made too
+    return conns[0], conns[1]
+
+
+def open_reader(path: str, read_only: bool) -> tuple[apsw.Connection, apsw.Connection | None]:
+    """``open_existing``'s connections; a writer also gets the lease connection."""
+    lstat_regular(path)
+    secure_files(path, create=False, write=not read_only)
+    params = {"mode": "ro"} if read_only else {"mode": "rw"}
+    conns: list[apsw.Connection] = []
+    with _opening(path, conns):
+        conns.append(connect(sqlite_uri(path, params), write=not read_only))
+        try:
+            refuse_unsafe_schema(conns[0], path)
+        except apsw.ReadOnlyError as exc:
+            if not read_only or _extended(exc) != apsw.SQLITE_READONLY_DIRECTORY:
+                raise
+            # A WAL database without its -shm in a directory this user cannot
+            # write: no writer can be live either (it could not create the
+            # -wal), so the file is read as immutable.
+            close_quietly(conns.pop())
+            conns.append(connect(sqlite_uri(path, {"mode": "ro", "immutable": "1"}),
+                                 write=False))
+            refuse_unsafe_schema(conns[0], path)
+        try:
+            version = current_version(conns[0])
+        except apsw.SQLError as exc:
+            raise _not_agentrt(path, exc) from exc
+        if version != SCHEMA_VERSION:
+            raise _version_error(path, version)
+        if not read_only:
+            conns.append(connect(sqlite_uri(path, params), write=True))
+    return conns[0], (conns[1] if len(conns) > 1 else None)
+
+
+def _extended(exc: apsw.Error) -> int:
+    code = getattr(exc, "extendedresult", None)
+    return code if isinstance(code, int) else -1
+
+
+def _version_error(path: str, version: int) -> SchemaVersionError:
+    if version > SCHEMA_VERSION:
+        side = (f"the database is newer; open it with the agentrt build that migrated it "
+                f"to version {version}")
+    else:
+        side = ("this build is newer; let the consumer that owns the database migrate it "
+                "(open_store), then open it again")
+    return SchemaVersionError(
+        f"{path} is at version {version}, this build writes {SCHEMA_VERSION}: {side}",
+        found=version,
+        known=SCHEMA_VERSION,
+    )

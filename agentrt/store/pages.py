@@ -17,7 +17,17 @@ import apsw
 from agentrt.errors import AgentrtError, NotFoundError
 from agentrt.events import Event
 from agentrt.records import MAX_PAGE_TEXT, Approval, Run, Step
-from agentrt.store.rows import approval_from_row, event_from_row, run_from_row, step_from_row
+from agentrt.store.rows import (
+    EVENT_COLUMNS,
+    OTHER,
+    TEXT,
+    Columns,
+    approval_from_row,
+    events_from_rows,
+    fetch,
+    run_from_row,
+    step_from_row,
+)
 
 __all__ = [
     "approvals_page",
@@ -34,25 +44,38 @@ __all__ = [
 N = MAX_PAGE_TEXT
 
 
+def _as_text(col: str) -> str:
+    # A writer that binds JSON as bytes stores a BLOB; the JSON functions refuse
+    # BLOBs and length() would count its bytes, so they all see it as text.
+    return f"CAST({col} AS TEXT)"
+
+
 def _fits(col: str) -> str:
     # octet_length reads only the record header; a value of at most N bytes
     # cannot exceed N characters, so most rows never count characters.
-    return f"(octet_length({col}) <= {N} OR length({col}) <= {N})"
+    return f"(octet_length({col}) <= {N} OR length({_as_text(col)}) <= {N})"
 
 
 def capped_text(col: str) -> str:
-    """SQL for a text column cut to N characters plus ``…[truncated: L characters]``."""
+    """SQL for a text column cut to N characters plus ``…[truncated: L characters]``.
+
+    Always text: a BLOB or number stored in the column is cast, NULL reads ''.
+    """
+    text = _as_text(col)
     return (
-        f"CASE WHEN {_fits(col)} THEN {col} ELSE substr({col}, 1, {N}) || "
-        f"'…[truncated: ' || length({col}) || ' characters]' END"
+        f"CASE WHEN {_fits(col)} THEN {text} WHEN {col} IS NULL THEN '' "
+        f"ELSE substr({text}, 1, {N}) || '…[truncated: ' || length({text}) || ' characters]' END"
     )
 
 
 def capped_json(col: str) -> str:
-    """SQL for a JSON column replaced, when too long, by the truncation object."""
+    """SQL for a JSON column as bytes, replaced when too long by the truncation
+    object ``{"truncated":true,"length":L,"head":"<first N characters>"}``."""
+    text = _as_text(col)
     return (
-        f"CASE WHEN {_fits(col)} THEN {col} ELSE json_object('truncated', json('true'), "
-        f"'length', length({col}), 'head', substr({col}, 1, {N})) END"
+        f"CASE WHEN {_fits(col)} THEN CAST({col} AS BLOB) WHEN {col} IS NULL THEN X'' "
+        f"ELSE CAST(json_object('truncated', json('true'), 'length', length({text}), "
+        f"'head', substr({text}, 1, {N})) AS BLOB) END"
     )
 
 
@@ -67,23 +90,28 @@ class PageError(AgentrtError):
     base = "agentrt"
 
 
-_RUN_PAGE_COLUMNS = ", ".join(
+def _t(col: str) -> tuple[str, str]:
+    return (capped_text(col), TEXT)
+
+
+def _j(col: str) -> tuple[str, str]:
+    return (capped_json(col), OTHER)
+
+
+def _n(col: str) -> tuple[str, str]:
+    return (f"ifnull({col}, 0)", OTHER)
+
+
+_RUN_PAGE = Columns.of(
     [
-        capped_text("id"),
-        capped_text("goal"),
-        capped_text("status"),
-        capped_text("reason"),
-        capped_text("reason_detail"),
-        f"CASE WHEN {_fits('limits_json')} THEN limits_json ELSE '' END",
-        "step_count",
-        capped_text("created_at"),
-        capped_text("started_at"),
-        capped_text("finished_at"),
-        capped_json("result_json"),
-        "model_calls, input_tokens, output_tokens, cached_input_tokens, "
-        "estimated_cost_micros, active_ms",
-        capped_text("lease_owner"),
-        capped_text("lease_expires_at"),
+        _t("id"), _t("goal"), _t("status"), _t("reason"), _t("reason_detail"),
+        (f"CASE WHEN {_fits('limits_json')} THEN {_as_text('limits_json')} ELSE '' END", TEXT),
+        _n("step_count"),
+        _t("created_at"), _t("started_at"), _t("finished_at"),
+        _j("result_json"),
+        _n("model_calls"), _n("input_tokens"), _n("output_tokens"),
+        _n("cached_input_tokens"), _n("estimated_cost_micros"), _n("active_ms"),
+        _t("lease_owner"), _t("lease_expires_at"),
     ]
 )
 
@@ -96,26 +124,26 @@ def _count(conn: apsw.Connection, sql: str, params: Sequence[Any] = ()) -> int:
 def runs_page(conn: apsw.Connection, limit: int, offset: int) -> tuple[list[Run], int]:
     """Runs newest first by insertion; damaged limits read as zero, bad times as zero."""
     _check_page("runs", limit, offset)
-    rows = conn.execute(
-        f"SELECT {_RUN_PAGE_COLUMNS} FROM runs ORDER BY rowid DESC LIMIT ? OFFSET ?",
-        (limit, offset),
-    ).fetchall()
+    rows = fetch(conn, _RUN_PAGE, "FROM runs ORDER BY rowid DESC LIMIT ? OFFSET ?",
+                 (limit, offset))
     total = _count(conn, "SELECT COUNT(*) FROM runs")
     return [run_from_row(r, lenient=True) for r in rows], total
 
 
 def run_capped(conn: apsw.Connection, run_id: str) -> Run:
-    row = conn.execute(f"SELECT {_RUN_PAGE_COLUMNS} FROM runs WHERE id = ?", (run_id,)).fetchone()
-    if row is None:
+    """One run with the page reads' caps; NotFoundError when there is none."""
+    rows = fetch(conn, _RUN_PAGE, "FROM runs WHERE id = ?", (run_id,))
+    if not rows:
         raise NotFoundError(f"run {run_id}")
-    return run_from_row(row, lenient=True)
+    return run_from_row(rows[0], lenient=True)
 
 
 def _small_object(col: str, fields: Sequence[str]) -> str:
+    text = _as_text(col)
     parts = ", ".join(
-        f"'{f}', substr(json_extract({col}, '$.{f}'), 1, {N})" for f in fields
+        f"'{f}', substr(json_extract({text}, '$.{f}'), 1, {N})" for f in fields
     )
-    return f"CASE WHEN json_valid({col}) THEN json_object({parts}) ELSE '' END"
+    return f"CASE WHEN json_valid({text}) THEN json_object({parts}) ELSE '' END"
 
 
 _STEP_SMALL = {
@@ -123,26 +151,21 @@ _STEP_SMALL = {
     "policy_json": ("outcome",),
     "observation_json": ("kind", "summary"),
 }
-
-
-def _step_columns() -> str:
-    cols = [capped_text("id"), capped_text("run_id"), "idx", capped_text("status")]
-    for col, fields in _STEP_SMALL.items():
-        cols.append(f"CASE WHEN {_fits(col)} THEN {col} ELSE {_small_object(col, fields)} END")
-    cols += [
-        capped_text("observation_hash"),
-        capped_text("started_at"),
-        capped_text("finished_at"),
-        capped_text("spec_hash"),
-        capped_text("policy_id"),
-    ]
-    cols += [f"CASE WHEN {_fits(col)} THEN 0 ELSE length({col}) END" for col in _STEP_SMALL]
-    return ", ".join(cols)
-
-
-_STEP_PAGE_COLUMNS = _step_columns()
 _STEP_LABELS = {"decision_json": "decision", "policy_json": "policy",
                 "observation_json": "observation"}
+
+_STEP_PAGE = Columns.of(
+    [_t("id"), _t("run_id"), _n("idx"), _t("status")]
+    + [
+        (f"CASE WHEN {_fits(col)} THEN {_as_text(col)} WHEN {col} IS NULL THEN '' "
+         f"ELSE {_small_object(col, fields)} END", TEXT)
+        for col, fields in _STEP_SMALL.items()
+    ]
+    + [_t("observation_hash"), _t("started_at"), _t("finished_at"), _t("spec_hash"),
+       _t("policy_id")]
+    + [(f"CASE WHEN {_fits(col)} THEN 0 ELSE length({_as_text(col)}) END", OTHER)
+       for col in _STEP_SMALL]
+)
 
 
 def steps_page(
@@ -150,10 +173,8 @@ def steps_page(
 ) -> tuple[list[Step], int]:
     """A run's steps by index; a column over the cap is read as its identifying fields."""
     _check_page("steps", limit, offset)
-    rows = conn.execute(
-        f"SELECT {_STEP_PAGE_COLUMNS} FROM steps WHERE run_id = ? ORDER BY idx LIMIT ? OFFSET ?",
-        (run_id, limit, offset),
-    ).fetchall()
+    rows = fetch(conn, _STEP_PAGE, "FROM steps WHERE run_id = ? ORDER BY idx LIMIT ? OFFSET ?",
+                 (run_id, limit, offset))
     total = _count(conn, "SELECT COUNT(*) FROM steps WHERE run_id = ?", (run_id,))
     steps = []
     for r in rows:
@@ -170,30 +191,23 @@ def steps_page(
     return steps, total
 
 
-_APPROVAL_PAGE_COLUMNS = ", ".join(
-    [
-        capped_text("id"),
-        capped_text("run_id"),
-        capped_text("step_id"),
-        capped_text("kind"),
-        capped_json("capability_json"),
-        capped_json("presentation_json"),
-        f"CASE WHEN {_fits('request_json')} THEN request_json "
-        f"WHEN json_valid(request_json) THEN json_object("
-        f"'run_id', substr(json_extract(request_json, '$.run_id'), 1, {N}), "
-        f"'step_id', substr(json_extract(request_json, '$.step_id'), 1, {N}), "
-        f"'spec', json_object('name', substr(json_extract(request_json, '$.spec.name'), 1, {N})),"
-        f" 'args', json_object('truncated', json('true'), 'length', length(request_json))) "
-        f"ELSE '' END",
-        capped_text("hash"),
-        capped_text("status"),
-        capped_text("created_at"),
-        capped_text("expires_at"),
-        capped_text("decided_at"),
-        capped_text("decided_by"),
-        capped_text("note"),
-        f"CASE WHEN {_fits('request_json')} THEN 0 ELSE length(request_json) END",
-    ]
+_REQUEST = _as_text("request_json")
+_REQUEST_SMALL = (
+    "json_object("
+    f"'run_id', substr(json_extract({_REQUEST}, '$.run_id'), 1, {N}), "
+    f"'step_id', substr(json_extract({_REQUEST}, '$.step_id'), 1, {N}), "
+    f"'spec', json_object('name', substr(json_extract({_REQUEST}, '$.spec.name'), 1, {N})), "
+    f"'args', json_object('truncated', json('true'), 'length', length({_REQUEST})))"
+)
+
+_APPROVAL_PAGE = Columns.of(
+    [_t("id"), _t("run_id"), _t("step_id"), _t("kind"),
+     _j("capability_json"), _j("presentation_json"),
+     (f"CASE WHEN {_fits('request_json')} THEN {_REQUEST} "
+      f"WHEN json_valid({_REQUEST}) THEN {_REQUEST_SMALL} ELSE '' END", TEXT),
+     _t("hash"), _t("status"), _t("created_at"), _t("expires_at"), _t("decided_at"),
+     _t("decided_by"), _t("note"),
+     (f"CASE WHEN {_fits('request_json')} THEN 0 ELSE length({_REQUEST}) END", OTHER)]
 )
 
 
@@ -208,11 +222,8 @@ def approvals_page(
     _check_page("approvals", limit, offset)
     where = "run_id = ?" + (" AND status = ?" if status else "")
     params: tuple[Any, ...] = (run_id, status) if status else (run_id,)
-    rows = conn.execute(
-        f"SELECT {_APPROVAL_PAGE_COLUMNS} FROM approvals WHERE {where} "
-        "ORDER BY rowid LIMIT ? OFFSET ?",
-        params + (limit, offset),
-    ).fetchall()
+    rows = fetch(conn, _APPROVAL_PAGE, f"FROM approvals WHERE {where} "
+                 "ORDER BY rowid LIMIT ? OFFSET ?", params + (limit, offset))
     total = _count(conn, f"SELECT COUNT(*) FROM approvals WHERE {where}", params)
     out = []
     for r in rows:
@@ -226,49 +237,53 @@ def approvals_page(
     return out, total
 
 
-_EVENT_PAGE_COLUMNS = ", ".join(
-    [
-        "seq",
-        capped_text("run_id"),
-        capped_text("step_id"),
-        capped_text("at"),
-        capped_text("type"),
-        capped_json("payload_json"),
-    ]
+_EVENT_PAGE = Columns.of(
+    [("seq", OTHER), _t("run_id"), _t("step_id"), _t("at"), _t("type"), _j("payload_json")]
 )
+_AFTER_ALL = "FROM events WHERE seq > ? ORDER BY seq LIMIT ?"
+_AFTER_RUN = "FROM events WHERE seq > ? AND run_id = ? ORDER BY seq LIMIT ?"
+_AFTER_ALL_SQL = f"SELECT {_EVENT_PAGE.fast} {_AFTER_ALL}"
+_AFTER_RUN_SQL = f"SELECT {_EVENT_PAGE.fast} {_AFTER_RUN}"
 
 
 def events_page(
     conn: apsw.Connection, run_id: str, limit: int, offset: int
 ) -> tuple[list[Event], int]:
+    """A run's events by seq, with each text column capped and the payload capped as JSON."""
     _check_page("events", limit, offset)
-    rows = conn.execute(
-        f"SELECT {_EVENT_PAGE_COLUMNS} FROM events WHERE run_id = ? ORDER BY seq "
-        "LIMIT ? OFFSET ?",
-        (run_id, limit, offset),
-    ).fetchall()
+    rows = fetch(conn, _EVENT_PAGE, "FROM events WHERE run_id = ? ORDER BY seq "
+                 "LIMIT ? OFFSET ?", (run_id, limit, offset))
     total = _count(conn, "SELECT COUNT(*) FROM events WHERE run_id = ?", (run_id,))
-    return [event_from_row(r) for r in rows], total
+    return events_from_rows(rows), total
 
 
-_AFTER_ALL = (
-    f"SELECT {_EVENT_PAGE_COLUMNS} FROM events WHERE seq > ? ORDER BY seq LIMIT ?"
-)
-_AFTER_RUN = (
-    f"SELECT {_EVENT_PAGE_COLUMNS} FROM events WHERE seq > ? AND run_id = ? "
-    "ORDER BY seq LIMIT ?"
-)
+# The follower's hot path reads the columns bare under a length limit of N
+# bytes: a value of at most N bytes has at most N characters, so no cap
+# applies and none is computed. A value over the limit makes SQLite refuse the
+# query (TooBigError) before reading it, and the page is read again with the
+# capping expressions. Measured in bench/bench_store.py.
+_FAST_AFTER_COLUMNS = EVENT_COLUMNS.fast
+_FAST_AFTER_ALL_SQL = f"SELECT {_FAST_AFTER_COLUMNS} {_AFTER_ALL}"
+_FAST_AFTER_RUN_SQL = f"SELECT {_FAST_AFTER_COLUMNS} {_AFTER_RUN}"
 
 
 def events_after(conn: apsw.Connection, run_id: str, seq: int, limit: int) -> list[Event]:
     """At most ``limit`` events after ``seq`` in commit order, of one run or of all."""
     if limit <= 0:
         raise PageError(f"list events: limit {limit} and offset 0")
-    if run_id:
-        cursor = conn.execute(_AFTER_RUN, (seq, run_id, limit))
-    else:
-        cursor = conn.execute(_AFTER_ALL, (seq, limit))
-    return [event_from_row(r) for r in cursor.fetchall()]
+    params: tuple[Any, ...] = (seq, run_id, limit) if run_id else (seq, limit)
+    previous = conn.limit(apsw.SQLITE_LIMIT_LENGTH, N)
+    try:
+        # Mapping the cursor, not a fetched list, frees each row tuple as its
+        # event is built: half the live objects for the garbage collector.
+        return events_from_rows(conn.execute(
+            _FAST_AFTER_RUN_SQL if run_id else _FAST_AFTER_ALL_SQL, params))
+    except (apsw.TooBigError, UnicodeDecodeError):
+        pass
+    finally:
+        conn.limit(apsw.SQLITE_LIMIT_LENGTH, previous)
+    return events_from_rows(fetch(conn, _EVENT_PAGE, _AFTER_RUN if run_id else _AFTER_ALL,
+                                  params))
 
 
 def pending_ids_of(
@@ -278,15 +293,17 @@ def pending_ids_of(
     if not run_ids or per_run <= 0:
         return {}
     marks = ", ".join("?" for _ in run_ids)
-    rows = conn.execute(
-        "SELECT run_id, id FROM ("
+    rows = fetch(
+        conn,
+        Columns.of([("run_id", TEXT), ("id", TEXT)]),
+        "FROM ("
         f"SELECT a.run_id AS run_id, {capped_text('a.id')} AS id, "
         "ROW_NUMBER() OVER (PARTITION BY a.run_id ORDER BY a.rowid) AS rn "
         "FROM approvals a JOIN runs r ON r.id = a.run_id "
-        f"WHERE a.status = 'pending' AND r.status = 'WAITING_FOR_APPROVAL' "
+        "WHERE a.status = 'pending' AND r.status = 'WAITING_FOR_APPROVAL' "
         f"AND a.run_id IN ({marks})) WHERE rn <= ? ORDER BY run_id, rn",
         (*run_ids, per_run),
-    ).fetchall()
+    )
     out: dict[str, list[str]] = {}
     for run_id, approval_id in rows:
         out.setdefault(str(run_id), []).append(str(approval_id))

@@ -3,15 +3,24 @@
 A row that will not decode does not make its run unreadable: steps and
 approvals come back with ``decode_error`` set and the undecodable fields
 empty, so the run can still be listed, shown and cancelled.
+
+Text that is not UTF-8 is the Python-specific way a row fails to decode:
+SQLite stores the bytes it is given, and apsw refuses to turn invalid UTF-8
+into ``str``, which would fail the whole query. :func:`fetch` therefore runs
+the fast query first and, only if a value will not decode, runs it again with
+every text column read as bytes and decoded with U+FFFD replacements.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from agentrt.events import Event
+import apsw
+
+from agentrt.events import Event, event_from_fields
 from agentrt.records import (
     Approval,
     Decision,
@@ -24,7 +33,7 @@ from agentrt.records import (
     ToolRequest,
     Usage,
 )
-from agentrt.timefmt import ZERO_TIME, parse_time
+from agentrt.timefmt import parse_time
 
 __all__ = [
     "APPROVAL_COLUMNS",
@@ -32,33 +41,115 @@ __all__ = [
     "MODEL_CALL_COLUMNS",
     "RUN_COLUMNS",
     "STEP_COLUMNS",
+    "Columns",
     "approval_from_row",
-    "event_from_row",
+    "blob_expr",
+    "events_from_rows",
+    "fetch",
     "model_call_from_row",
     "run_from_row",
     "step_from_row",
+    "text_expr",
 ]
 
-RUN_COLUMNS = (
-    "id, goal, status, reason, reason_detail, limits_json, step_count, created_at, "
-    "started_at, finished_at, result_json, model_calls, input_tokens, output_tokens, "
-    "cached_input_tokens, estimated_cost_micros, active_ms, lease_owner, lease_expires_at"
-)
-STEP_COLUMNS = (
-    "id, run_id, idx, status, decision_json, policy_json, observation_json, "
-    "observation_hash, started_at, finished_at, spec_hash, policy_id"
-)
-APPROVAL_COLUMNS = (
-    "id, run_id, step_id, kind, capability_json, presentation_json, request_json, hash, "
-    "status, created_at, expires_at, decided_at, decided_by, note"
-)
-MODEL_CALL_COLUMNS = (
-    "id, run_id, step_id, attempt, status, model, input_tokens, output_tokens, "
-    "cached_input_tokens, cost_micros, latency_ms, error, dispatched_at, completed_at"
-)
-EVENT_COLUMNS = "seq, run_id, step_id, at, type, payload_json"
-
 T = TypeVar("T")
+
+#: Marks a selected expression whose value is text (read leniently on fallback).
+TEXT = "text"
+#: Marks an expression read as bytes (JSON columns) or a number.
+OTHER = "other"
+
+
+@dataclass(frozen=True, slots=True)
+class Columns:
+    """A select list, in a fast form and in a form that survives invalid UTF-8."""
+
+    fast: str
+    safe: str
+    text_positions: tuple[int, ...]
+
+    @classmethod
+    def of(cls, parts: Sequence[tuple[str, str]]) -> Columns:
+        fast = ", ".join(expr for expr, _ in parts)
+        safe = ", ".join(
+            f"CAST(({expr}) AS BLOB)" if kind == TEXT else expr for expr, kind in parts
+        )
+        return cls(fast, safe, tuple(i for i, (_, k) in enumerate(parts) if k == TEXT))
+
+    def decode(self, row: Sequence[Any]) -> tuple[Any, ...]:
+        out = list(row)
+        for i in self.text_positions:
+            v = out[i]
+            if isinstance(v, bytes):
+                out[i] = v.decode("utf-8", "replace")
+        return tuple(out)
+
+
+def fetch(
+    conn: apsw.Connection, cols: Columns, rest: str, params: Sequence[Any] = ()
+) -> list[tuple[Any, ...]]:
+    """``SELECT <cols> <rest>``: every row, text as ``str`` even when not UTF-8."""
+    try:
+        return conn.execute(f"SELECT {cols.fast} {rest}", tuple(params)).fetchall()
+    except UnicodeDecodeError:
+        rows = conn.execute(f"SELECT {cols.safe} {rest}", tuple(params)).fetchall()
+        return [cols.decode(r) for r in rows]
+
+
+def text_expr(name: str) -> str:
+    """A text column as ``str``: a BLOB or number stored in it is cast, NULL reads ''."""
+    return f"ifnull(CAST({name} AS TEXT), '')"
+
+
+def blob_expr(name: str) -> str:
+    """A JSON column as ``bytes`` exactly as stored; NULL reads as empty."""
+    return f"ifnull(CAST({name} AS BLOB), X'')"
+
+
+def _texts(*names: str) -> list[tuple[str, str]]:
+    return [(text_expr(n), TEXT) for n in names]
+
+
+def _others(*names: str) -> list[tuple[str, str]]:
+    return [(f"ifnull({n}, 0)", OTHER) for n in names]
+
+
+def _blob(name: str) -> tuple[str, str]:
+    return (blob_expr(name), OTHER)
+
+
+RUN_COLUMNS = Columns.of(
+    _texts("id", "goal", "status", "reason", "reason_detail", "limits_json")
+    + _others("step_count")
+    + _texts("created_at", "started_at", "finished_at")
+    + [_blob("result_json")]
+    + _others("model_calls", "input_tokens", "output_tokens", "cached_input_tokens",
+              "estimated_cost_micros", "active_ms")
+    + _texts("lease_owner", "lease_expires_at")
+)
+STEP_COLUMNS = Columns.of(
+    _texts("id", "run_id") + _others("idx")
+    + _texts("status", "decision_json", "policy_json", "observation_json", "observation_hash",
+             "started_at", "finished_at", "spec_hash", "policy_id")
+)
+APPROVAL_COLUMNS = Columns.of(
+    _texts("id", "run_id", "step_id", "kind")
+    + [_blob("capability_json"), _blob("presentation_json")]
+    + _texts("request_json", "hash", "status", "created_at", "expires_at", "decided_at",
+             "decided_by", "note")
+)
+MODEL_CALL_COLUMNS = Columns.of(
+    _texts("id", "run_id", "step_id") + _others("attempt")
+    + _texts("status", "model")
+    + _others("input_tokens", "output_tokens", "cached_input_tokens", "cost_micros",
+              "latency_ms")
+    + _texts("error", "dispatched_at", "completed_at")
+)
+#: seq is the rowid (always an integer); the rest come back as str and bytes,
+#: so each row becomes an Event with one tuple copy (:func:`events_from_rows`).
+EVENT_COLUMNS = Columns.of(
+    [("seq", OTHER)] + _texts("run_id", "step_id", "at", "type") + [_blob("payload_json")]
+)
 
 
 def _text(v: Any) -> str:
@@ -75,6 +166,13 @@ def _bytes(v: Any) -> bytes:
     if isinstance(v, bytes):
         return v
     return str(v).encode("utf-8")
+
+
+def _int(v: Any) -> int:
+    try:
+        return int(v or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _lenient_time(text: Any) -> datetime | None:
@@ -122,15 +220,15 @@ def run_from_row(row: Sequence[Any], *, lenient: bool = False) -> Run:
         reason=_text(row[3]),
         reason_detail=_text(row[4]),
         limits=limits,
-        step_count=int(row[6] or 0),
+        step_count=_int(row[6]),
         created_at=parse(row[7]),
         started_at=parse(row[8]),
         finished_at=parse(row[9]),
         result=_bytes(row[10]),
-        model_calls=int(row[11] or 0),
-        usage=Usage(int(row[12] or 0), int(row[13] or 0), int(row[14] or 0)),
-        estimated_cost_micros=int(row[15] or 0),
-        active_ms=int(row[16] or 0),
+        model_calls=_int(row[11]),
+        usage=Usage(_int(row[12]), _int(row[13]), _int(row[14])),
+        estimated_cost_micros=_int(row[15]),
+        active_ms=_int(row[16]),
         lease_owner=_text(row[17]),
         lease_expires_at=parse(row[18]),
     )
@@ -156,7 +254,7 @@ def step_from_row(row: Sequence[Any]) -> Step:
     return Step(
         id=_text(row[0]),
         run_id=_text(row[1]),
-        index=int(row[2] or 0),
+        index=_int(row[2]),
         status=_text(row[3]),
         decision=decision,
         policy=policy,
@@ -200,26 +298,19 @@ def model_call_from_row(row: Sequence[Any]) -> ModelCall:
         id=_text(row[0]),
         run_id=_text(row[1]),
         step_id=_text(row[2]),
-        attempt=int(row[3] or 0),
+        attempt=_int(row[3]),
         status=_text(row[4]),
         model=_text(row[5]),
-        usage=Usage(int(row[6] or 0), int(row[7] or 0), int(row[8] or 0)),
-        cost_micros=int(row[9] or 0),
-        latency_ms=int(row[10] or 0),
+        usage=Usage(_int(row[6]), _int(row[7]), _int(row[8])),
+        cost_micros=_int(row[9]),
+        latency_ms=_int(row[10]),
         error=_text(row[11]),
         dispatched_at=_lenient_time(row[12]),
         completed_at=_lenient_time(row[13]),
     )
 
 
-def event_from_row(row: Sequence[Any]) -> Event:
-    """An event; a time that does not parse reads as the zero time."""
-    at = _lenient_time(row[3])
-    return Event(
-        int(row[0]),
-        _text(row[1]),
-        _text(row[2]),
-        at if at is not None else ZERO_TIME,
-        _text(row[4]),
-        _bytes(row[5]),
-    )
+def events_from_rows(rows: Iterable[Sequence[Any]]) -> list[Event]:
+    """Events from rows selected as :data:`EVENT_COLUMNS` (or its capped form):
+    an int, four str and bytes each, which need no conversion."""
+    return list(map(event_from_fields, rows))

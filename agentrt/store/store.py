@@ -19,11 +19,9 @@ from typing import Any
 import apsw
 
 from agentrt.canonical import canonical_text
-from agentrt.errors import NotFoundError, SchemaVersionError
+from agentrt.errors import AgentrtError, NotFoundError
 from agentrt.events import Event, EventType, Observer
 from agentrt.records import (
-    MAX_PAGE_TEXT,
-    SCHEMA_VERSION,
     Approval,
     ModelCall,
     Run,
@@ -31,33 +29,43 @@ from agentrt.records import (
     ToolSpec,
 )
 from agentrt.store import chainread, pages
-from agentrt.store.migrations import current_version, migrate
-from agentrt.store.opening import (
-    StoreOpenError,
-    close_quietly,
-    connect,
-    lstat_regular,
-    refuse_unsafe_schema,
-    secure_files,
-    sqlite_uri,
-    switch_to_wal,
-)
+from agentrt.store.opening import close_quietly, open_memory, open_reader, open_writer
+from agentrt.store.pages import capped_text
 from agentrt.store.rows import (
     APPROVAL_COLUMNS,
     EVENT_COLUMNS,
     MODEL_CALL_COLUMNS,
+    OTHER,
     RUN_COLUMNS,
     STEP_COLUMNS,
+    TEXT,
+    Columns,
     approval_from_row,
-    event_from_row,
+    events_from_rows,
+    fetch,
     model_call_from_row,
     run_from_row,
     step_from_row,
 )
-from agentrt.store.tx import Tx
+from agentrt.store.tx import TxScope
 from agentrt.timefmt import parse_time
 
-__all__ = ["Store", "open_existing", "open_store"]
+__all__ = ["ReadOnlyStoreError", "Store", "open_existing", "open_store"]
+
+_PENDING_COLUMNS = Columns.of([("a.run_id", TEXT), ("a.id", TEXT)])
+_LEASE_COLUMNS = Columns.of([(capped_text("lease_owner"), TEXT),
+                             ("ifnull(CAST(substr(lease_expires_at, 1, 64) AS TEXT), '')", TEXT)])
+_REASON_COLUMNS = Columns.of([(capped_text("reason"), TEXT)])
+_HASH_COLUMNS = Columns.of(
+    [("seq", OTHER), (f"ifnull(CAST(substr(hash, 1, {chainread.STORED_HASH_CAP}) AS TEXT), '')",
+                      TEXT)]
+)
+
+
+class ReadOnlyStoreError(AgentrtError):
+    """A write was asked of a store opened read-only."""
+
+    base = "agentrt: store is read-only"
 
 
 class Store:
@@ -125,96 +133,102 @@ class Store:
 
     # -- writes ------------------------------------------------------------
 
-    @contextmanager
-    def tx(self, observer: Observer | None = None) -> Iterator[Tx]:
-        """One write transaction: BEGIN IMMEDIATE, the mutation, COMMIT, then events.
+    def tx(self, observer: Observer | None = None) -> TxScope:
+        """One write transaction: ``with store.tx(observer) as tx: ...``.
 
-        Any exception inside rolls the transaction back (and propagates), so the
-        connection is never left inside an open transaction. The observer gets
-        the events only after COMMIT, in append order.
+        BEGIN IMMEDIATE (the write lock is taken up front, so a read-then-write
+        transaction waits for another process's writer instead of failing),
+        the mutation and its ``tx.append``-ed events, COMMIT, and only then the
+        events to the observer, in append order. Any exception inside rolls
+        the transaction back and propagates; the connection stays usable.
         """
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            tx = Tx(self._conn)
-            try:
-                yield tx
-                self._conn.execute("COMMIT")
-            except BaseException:
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
-                raise
-        if observer is not None:
-            for event in tx.events:
-                observer(event)
+        if self.read_only:
+            raise ReadOnlyStoreError(
+                f"{self.path} was opened read-only; open it with "
+                "open_existing(path, read_only=False) to write")
+        return TxScope(self._conn, self._lock, observer)
 
     # -- full reads --------------------------------------------------------
+
+    def _rows(self, cols: Columns, rest: str, params: Sequence[Any] = ()) -> list[Any]:
+        with self._lock:
+            return fetch(self._conn, cols, rest, params)
 
     def _one(self, sql: str, params: Sequence[Any]) -> Any:
         with self._lock:
             return self._conn.execute(sql, tuple(params)).fetchone()
 
-    def _all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        with self._lock:
-            return self._conn.execute(sql, tuple(params)).fetchall()
-
     def get_run(self, run_id: str) -> Run:
-        row = self._one(f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
-        if row is None:
+        """The run, decoded whole; NotFoundError when there is none.
+
+        Raises ValueError when its limits or times do not decode: code that
+        would act on a run must not guess. ``get_run_capped`` reads such a run.
+        """
+        rows = self._rows(RUN_COLUMNS, "FROM runs WHERE id = ?", (run_id,))
+        if not rows:
             raise NotFoundError(f"run {run_id}")
-        return run_from_row(row)
+        return run_from_row(rows[0])
 
     def list_runs(self) -> list[Run]:
         """Every run, newest first by insertion."""
-        return [run_from_row(r) for r in self._all(
-            f"SELECT {RUN_COLUMNS} FROM runs ORDER BY rowid DESC")]
+        return [run_from_row(r) for r in self._rows(RUN_COLUMNS,
+                                                     "FROM runs ORDER BY rowid DESC")]
 
     def list_steps(self, run_id: str) -> list[Step]:
-        return [step_from_row(r) for r in self._all(
-            f"SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ? ORDER BY idx", (run_id,))]
+        """The run's steps by index; an undecodable one has ``decode_error`` set."""
+        return [step_from_row(r) for r in self._rows(
+            STEP_COLUMNS, "FROM steps WHERE run_id = ? ORDER BY idx", (run_id,))]
 
     def list_approvals(self, run_id: str) -> list[Approval]:
-        return [approval_from_row(r) for r in self._all(
-            f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE run_id = ? ORDER BY rowid",
-            (run_id,))]
+        """The run's approvals in insertion order; an undecodable one has
+        ``decode_error`` set."""
+        return [approval_from_row(r) for r in self._rows(
+            APPROVAL_COLUMNS, "FROM approvals WHERE run_id = ? ORDER BY rowid", (run_id,))]
 
     def get_approval(self, run_id: str, approval_id: str) -> Approval:
         """An approval of that run (an id of another run is not found)."""
-        row = self._one(
-            f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE id = ? AND run_id = ?",
-            (approval_id, run_id))
-        if row is None:
+        rows = self._rows(APPROVAL_COLUMNS, "FROM approvals WHERE id = ? AND run_id = ?",
+                          (approval_id, run_id))
+        if not rows:
             raise NotFoundError(f"approval {approval_id} of run {run_id}")
-        return approval_from_row(row)
+        return approval_from_row(rows[0])
 
     def list_model_calls(self, run_id: str) -> list[ModelCall]:
-        return [model_call_from_row(r) for r in self._all(
-            f"SELECT {MODEL_CALL_COLUMNS} FROM model_calls WHERE run_id = ? ORDER BY rowid",
-            (run_id,))]
+        """The run's model calls (every attempt) in insertion order."""
+        return [model_call_from_row(r) for r in self._rows(
+            MODEL_CALL_COLUMNS, "FROM model_calls WHERE run_id = ? ORDER BY rowid", (run_id,))]
 
     def list_events(self, run_id: str) -> list[Event]:
-        return [event_from_row(r) for r in self._all(
-            f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? ORDER BY seq", (run_id,))]
+        """The run's events in seq (commit) order, uncapped."""
+        return events_from_rows(self._rows(
+            EVENT_COLUMNS, "FROM events WHERE run_id = ? ORDER BY seq", (run_id,)))
 
     def pending_approval_ids(self) -> dict[str, list[str]]:
         """Every waiting run mapped to its pending approval ids, in one query."""
         out: dict[str, list[str]] = {}
-        for run_id, approval_id in self._all(
-            "SELECT a.run_id, a.id FROM approvals a JOIN runs r ON r.id = a.run_id "
+        for run_id, approval_id in self._rows(
+            _PENDING_COLUMNS,
+            "FROM approvals a JOIN runs r ON r.id = a.run_id "
             "WHERE a.status = 'pending' AND r.status = 'WAITING_FOR_APPROVAL' "
-            "ORDER BY a.rowid"
+            "ORDER BY a.rowid",
         ):
-            out.setdefault(str(run_id), []).append(str(approval_id))
+            out.setdefault(run_id, []).append(approval_id)
         return out
 
     def tool_spec(self, spec_hash: str) -> ToolSpec:
         """A recorded tool spec, re-hashed on the way out; a mismatch is refused."""
-        row = self._one("SELECT spec_json FROM tool_specs WHERE hash = ?", (spec_hash,))
+        row = self._one("SELECT CAST(spec_json AS BLOB) FROM tool_specs WHERE hash = ?",
+                        (spec_hash,))
         if row is None:
             raise NotFoundError(f"tool spec {spec_hash}")
-        spec = ToolSpec.from_json(str(row[0]))
-        if hashlib.sha256(canonical_text(str(row[0]).encode())).hexdigest() != spec_hash:
+        data = bytes(row[0] or b"")
+        try:
+            matches = hashlib.sha256(canonical_text(data)).hexdigest() == spec_hash
+        except ValueError:
+            matches = False
+        if not matches:
             raise ValueError(f"agentrt: tool spec {spec_hash} does not match its hash")
-        return spec
+        return ToolSpec.from_json(data)
 
     # -- page reads --------------------------------------------------------
 
@@ -261,17 +275,17 @@ class Store:
     def lease(self, run_id: str) -> tuple[str, datetime | None]:
         """The run's stored lease: (owner, expiry by that driver's wall clock).
 
-        A run nobody holds has ('', None). A lease whose time has passed is
-        stale, not released: a resume takes such a run over.
+        A run nobody holds (paused, finished, or released by the call that
+        executed it) has ('', None). A lease whose time has passed is stale,
+        not released: a resume takes such a run over. NotFoundError when there
+        is no such run. The owner is capped like a page read's text.
         """
-        row = self._one(
-            f"SELECT substr(lease_owner, 1, {MAX_PAGE_TEXT}), "
-            f"substr(lease_expires_at, 1, 64) FROM runs WHERE id = ?", (run_id,))
-        if row is None:
+        rows = self._rows(_LEASE_COLUMNS, "FROM runs WHERE id = ?", (run_id,))
+        if not rows:
             raise NotFoundError(f"run {run_id}")
-        owner = str(row[0])
+        owner, expires_text = rows[0]
         try:
-            expires = parse_time(str(row[1]))
+            expires = parse_time(expires_text)
         except ValueError:
             expires = None
         return owner, expires
@@ -279,23 +293,29 @@ class Store:
     def approval_reason(self, run_id: str, approval_id: str) -> str:
         """The reason of the policy decision that paused the run on this approval.
 
-        Read from the approval's ``approval.requested`` event, because the
-        approval row has no reason of its own; '' when there is no such event.
+        Read from the first ``approval.requested`` event of the approval's step
+        that names it, because the approval row has no reason of its own: once
+        the approval is granted and resumed the step holds the policy's
+        decision at resume, and this still returns the one that asked. Capped
+        like a page read's text; '' when there is no such event; NotFoundError
+        when the run has no such approval.
         """
         with self._lock:
             row = self._conn.execute(
-                "SELECT step_id FROM approvals WHERE id = ? AND run_id = ?",
+                "SELECT CAST(step_id AS BLOB) FROM approvals WHERE id = ? AND run_id = ?",
                 (approval_id, run_id)).fetchone()
             if row is None:
                 raise NotFoundError(f"approval {approval_id} of run {run_id}")
-            found = self._conn.execute(
-                f"SELECT substr(json_extract(payload_json, '$.reason'), 1, {MAX_PAGE_TEXT}) "
-                "FROM events WHERE run_id = ? AND step_id = ? AND type = ? "
-                "AND json_valid(payload_json) "
-                "AND json_extract(payload_json, '$.approval_id') = ? ORDER BY seq LIMIT 1",
-                (run_id, str(row[0]), EventType.APPROVAL_REQUESTED.value, approval_id),
-            ).fetchone()
-        return str(found[0]) if found is not None and found[0] is not None else ""
+            found = fetch(
+                self._conn, _REASON_COLUMNS,
+                "FROM (SELECT json_extract(CAST(payload_json AS TEXT), '$.reason') AS reason "
+                "FROM events WHERE run_id = ? AND CAST(step_id AS BLOB) = ? AND type = ? "
+                "AND json_valid(CAST(payload_json AS TEXT)) "
+                "AND json_extract(CAST(payload_json AS TEXT), '$.approval_id') = ? "
+                "ORDER BY seq LIMIT 1)",
+                (run_id, row[0], EventType.APPROVAL_REQUESTED.value, approval_id),
+            )
+        return str(found[0][0]) if found else ""
 
     def data_version(self) -> int:
         """Changes whenever a commit lands, from any connection (this one included):
@@ -309,19 +329,20 @@ class Store:
     # -- the chain ---------------------------------------------------------
 
     def chain_head(self) -> tuple[int, str]:
-        """(seq, hash) of the newest event, or (0, '')."""
-        row = self._one(
-            f"SELECT seq, substr(hash, 1, {chainread.STORED_HASH_CAP}) FROM events "
-            "ORDER BY seq DESC LIMIT 1", ())
-        return (int(row[0]), str(row[1])) if row is not None else (0, "")
+        """(seq, stored hash) of the newest event, or (0, '') when there is none.
+
+        Keep it somewhere the database's writers cannot reach to find out later
+        that the end of the log was cut: ``verify_events`` cannot see that.
+        """
+        rows = self._rows(_HASH_COLUMNS, "FROM events ORDER BY seq DESC LIMIT 1")
+        return (int(rows[0][0]), rows[0][1]) if rows else (0, "")
 
     def event_hash(self, seq: int) -> str:
-        row = self._one(
-            f"SELECT substr(hash, 1, {chainread.STORED_HASH_CAP}) FROM events WHERE seq = ?",
-            (seq,))
-        if row is None:
+        """The stored hash of event ``seq`` (cut to 128 characters); NotFoundError."""
+        rows = self._rows(_HASH_COLUMNS, "FROM events WHERE seq = ?", (seq,))
+        if not rows:
             raise NotFoundError(f"event {seq}")
-        return str(row[0])
+        return str(rows[0][1])
 
     def verify_events(self, from_seq: int = 0, to_seq: int = 0) -> chainread.VerifyReport:
         """Walk the hash chain; writes nothing. See :func:`chainread.verify`."""
@@ -332,53 +353,17 @@ class Store:
 # -- opening -----------------------------------------------------------------
 
 
-def _schema_version(conn: apsw.Connection, path: str) -> int:
-    try:
-        return current_version(conn)
-    except apsw.Error as exc:
-        raise StoreOpenError(
-            f"{path} is not an agent-runtime database: {exc}; name a database an "
-            "agentrt consumer created"
-        ) from exc
-
-
 def open_store(path: str) -> Store:
     """Open or create the database at ``path`` and apply its migrations.
 
     Follows a symbolic link (the consumer's own configuration names its
-    database). ``":memory:"`` opens an in-memory store for tests.
+    database). ``":memory:"`` opens an in-memory store for tests. A file it
+    refuses (modes, a trigger or view, a newer schema, not SQLite) is left
+    as it was.
     """
     if path == ":memory:":
-        conn = connect("file::memory:", write=True, create=True)
-        try:
-            migrate(conn, path)
-        except BaseException:
-            close_quietly(conn)
-            raise
-        return Store(conn, path, read_only=False)
-    secure_files(path, create=True, write=True)
-    uri = sqlite_uri(path, {})
-    conn = lease = None
-    try:
-        conn = connect(uri, write=True, create=True)
-        switch_to_wal(conn, path)
-        refuse_unsafe_schema(conn, path)
-        migrate(conn, path)
-        lease = connect(uri, write=True)
-        secure_files(path, create=False, write=True)  # the WAL files SQLite just made
-    except apsw.NotADBError as exc:
-        close_quietly(lease)
-        close_quietly(conn)
-        raise StoreOpenError(
-            f"{path} is not a SQLite database; name the agentrt database file") from exc
-    except apsw.Error as exc:
-        close_quietly(lease)
-        close_quietly(conn)
-        raise StoreOpenError(f"{path}: {exc}") from exc
-    except BaseException:
-        close_quietly(lease)
-        close_quietly(conn)
-        raise
+        return Store(open_memory(), path, read_only=False)
+    conn, lease = open_writer(path)
     return Store(conn, path, read_only=False, lease_conn=lease)
 
 
@@ -391,44 +376,5 @@ def open_existing(path: str, read_only: bool = True) -> Store:
     a WAL database while a writer is live, and one in a directory it cannot
     write.
     """
-    lstat_regular(path)
-    secure_files(path, create=False, write=not read_only)
-    params = {"mode": "ro"} if read_only else {"mode": "rw"}
-    conn = lease = None
-    try:
-        conn = connect(sqlite_uri(path, params), write=not read_only)
-        try:
-            refuse_unsafe_schema(conn, path)
-        except apsw.ReadOnlyError as exc:
-            if not read_only or exc.extendedresult != apsw.SQLITE_READONLY_DIRECTORY:
-                raise
-            # A WAL database with no -shm in a directory we cannot write: no
-            # writer can be live, so the file may be read as immutable.
-            close_quietly(conn)
-            conn = connect(sqlite_uri(path, {"mode": "ro", "immutable": "1"}), write=False)
-            refuse_unsafe_schema(conn, path)
-        version = _schema_version(conn, path)
-        if version != SCHEMA_VERSION:
-            newer = "the database is newer" if version > SCHEMA_VERSION else "this build is newer"
-            raise SchemaVersionError(
-                f"{path} is at version {version}, this build writes {SCHEMA_VERSION} "
-                f"({newer}); the consumer that owns the database migrates it",
-                found=version,
-                known=SCHEMA_VERSION,
-            )
-        if not read_only:
-            lease = connect(sqlite_uri(path, params), write=True)
-    except apsw.NotADBError as exc:
-        close_quietly(lease)
-        close_quietly(conn)
-        raise StoreOpenError(
-            f"{path} is not a SQLite database; name the agentrt database file") from exc
-    except apsw.Error as exc:
-        close_quietly(lease)
-        close_quietly(conn)
-        raise StoreOpenError(f"{path}: {exc}") from exc
-    except BaseException:
-        close_quietly(lease)
-        close_quietly(conn)
-        raise
+    conn, lease = open_reader(path, read_only)
     return Store(conn, path, read_only=read_only, lease_conn=lease)

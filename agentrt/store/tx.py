@@ -10,24 +10,30 @@ not commit.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
+from types import TracebackType
 from typing import Any
 
 import apsw
 
 from agentrt.chain import chain_hash
-from agentrt.events import Event
+from agentrt.events import Event, Observer
 from agentrt.gojson import dumps
 from agentrt.timefmt import format_time
 
-__all__ = ["Tx", "encode_payload"]
+__all__ = ["Tx", "TxScope", "encode_payload"]
 
+# The head: the larger of the highest seq stored and the highest AUTOINCREMENT
+# ever handed out (which survives deleting the newest events), and the hash of
+# the newest stored event.
 _HEAD_SQL = (
     "SELECT MAX("
     "COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'events'), 0), "
-    "COALESCE((SELECT MAX(seq) FROM events), 0))"
+    "COALESCE((SELECT MAX(seq) FROM events), 0)), "
+    "(SELECT CAST(hash AS TEXT) FROM events ORDER BY seq DESC LIMIT 1)"
 )
-_LAST_HASH_SQL = "SELECT hash FROM events ORDER BY seq DESC LIMIT 1"
 _INSERT_EVENT_SQL = (
     "INSERT INTO events (seq, run_id, step_id, at, type, payload_json, hash) "
     "VALUES (?, ?, ?, ?, ?, ?, ?)"
@@ -64,10 +70,12 @@ class Tx:
     def conn(self) -> apsw.Connection:
         return self._conn
 
-    def execute(self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()) -> apsw.Cursor:
+    def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> apsw.Cursor:
+        """Run one statement (or several) in this transaction."""
         return self._conn.execute(sql, params)
 
-    def one(self, sql: str, params: tuple[Any, ...] = ()) -> tuple[Any, ...] | None:
+    def one(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()
+            ) -> tuple[Any, ...] | None:
         """The first row of a query, or None."""
         row = self._conn.execute(sql, params).fetchone()
         return tuple(row) if row is not None else None
@@ -84,20 +92,79 @@ class Tx:
         type: str,
         payload: bytes | dict[str, Any] | None = None,
     ) -> Event:
-        """Append one event to the global chain inside this transaction."""
+        """Append one event to the global chain inside this transaction.
+
+        Its seq is the head's + 1: the head is read once, at the transaction's
+        first append, as the larger of the highest seq stored and the highest
+        AUTOINCREMENT ever handed out, so a seq is never reused even after the
+        newest events were deleted. The write lock is held from BEGIN
+        IMMEDIATE, so writers in other processes extend the same chain.
+        """
+        conn = self._conn
         if self._head_seq is None:
-            row = self._conn.execute(_HEAD_SQL).fetchone()
-            self._head_seq = int(row[0]) if row else 0
-            last = self._conn.execute(_LAST_HASH_SQL).fetchone()
-            self._head_hash = str(last[0]) if last else ""
+            row = conn.execute(_HEAD_SQL).fetchone()
+            assert row is not None  # an aggregate always yields a row
+            self._head_seq = int(row[0])
+            self._head_hash = str(row[1] or "")
         data = encode_payload(payload)
         seq = self._head_seq + 1
+        run_id, step_id, type = str(run_id), str(step_id), str(type)
         at_text = format_time(at)
-        text = data.decode("utf-8")
         digest = chain_hash(self._head_hash, seq, run_id, step_id, at_text, type, data)
-        self._conn.execute(_INSERT_EVENT_SQL, (seq, run_id, step_id, at_text, type, text, digest))
+        conn.execute(_INSERT_EVENT_SQL,
+                     (seq, run_id, step_id, at_text, type, data.decode("utf-8"), digest))
         self._head_seq = seq
         self._head_hash = digest
-        event = Event(seq, run_id, step_id, at, type, data)
+        event = Event(seq, run_id, step_id, at_text, type, data)
         self.events.append(event)
         return event
+
+
+class TxScope:
+    """``with store.tx(observer) as tx``: the transaction around one transition.
+
+    Enter takes the store's lock and begins IMMEDIATE; a clean exit commits and
+    then hands the events to the observer; an exception (any BaseException)
+    rolls back and propagates, so the connection is never left inside an open
+    transaction and the observer never sees an event whose state did not
+    commit. A class rather than a generator: every write goes through it.
+    """
+
+    __slots__ = ("_conn", "_lock", "_observer", "_tx")
+
+    def __init__(self, conn: apsw.Connection, lock: AbstractContextManager[Any],
+                 observer: Observer | None) -> None:
+        self._conn = conn
+        self._lock = lock
+        self._observer = observer
+        self._tx: Tx | None = None
+
+    def __enter__(self) -> Tx:
+        self._lock.__enter__()
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self._lock.__exit__(None, None, None)
+            raise
+        self._tx = Tx(self._conn)
+        return self._tx
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        conn = self._conn
+        try:
+            if exc_type is None:
+                try:
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+            elif conn.in_transaction:
+                conn.execute("ROLLBACK")
+        finally:
+            self._lock.__exit__(None, None, None)
+        if exc_type is None and self._observer is not None and self._tx is not None:
+            observer = self._observer
+            for event in self._tx.events:
+                observer(event)

@@ -1,0 +1,522 @@
+"""Opening rules: owner-only files, hardened connections, the two openers, bad input."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import sys
+from pathlib import Path
+
+import apsw
+import pytest
+from store_helpers import build_old_database, file_state, fill, insert_run, mode_of, raw
+
+import agentrt
+from agentrt import (
+    InsecureModeError,
+    SchemaVersionError,
+    SymlinkError,
+    UnsafeSchemaError,
+    open_existing,
+    open_store,
+)
+from agentrt.store import ReadOnlyStoreError, StoreOpenError
+
+posix_modes = pytest.mark.skipif(sys.platform == "win32", reason="modes mean nothing there")
+
+
+def new_db(tmp_path: Path, name: str = "a.db") -> str:
+    path = str(tmp_path / name)
+    with open_store(path) as store:
+        fill(store, runs=1, events=1)
+    return path
+
+
+def make_sidecar(path: str, suffix: str = "-wal", mode: int = 0o600) -> str:
+    side = path + suffix
+    Path(side).write_bytes(b"")
+    os.chmod(side, mode)
+    return side
+
+
+def one_sentence(message: str, path: str, fix: str) -> None:
+    """A refusal is one line naming the file and the fix."""
+    assert "\n" not in message
+    assert path in message
+    assert fix in message
+    assert message.startswith("agentrt: ")
+
+
+# -- reopening and memory -------------------------------------------------------
+
+
+def test_reopened_file_store_keeps_its_rows(tmp_path):
+    path = new_db(tmp_path)
+    with open_store(path) as store:
+        assert [r.id for r in store.list_runs()] == ["r0"]
+        assert len(store.list_events("r0")) == 1
+        assert store.path == path and not store.read_only
+
+
+def test_memory_store_is_migrated_and_writable():
+    with open_store(":memory:") as store:
+        fill(store, runs=2, events=2)
+        assert [r.id for r in store.list_runs()] == ["r1", "r0"]
+        with store.lease_connection() as conn:
+            assert conn is store.db()  # one connection for everything in memory
+
+
+def test_store_is_a_context_manager_and_close_is_idempotent(tmp_path):
+    store = open_store(str(tmp_path / "a.db"))
+    with store:
+        pass
+    store.close()
+    with pytest.raises(apsw.ConnectionClosedError):
+        store.list_runs()
+
+
+# -- modes ------------------------------------------------------------------------
+
+
+@posix_modes
+@pytest.mark.parametrize("umask", [0o000, 0o077, 0o022, 0o277])
+def test_files_are_owner_only_under_any_umask(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        path = str(tmp_path / "a.db")
+        with open_store(path) as store:
+            fill(store)
+            files = [path, path + "-wal", path + "-shm"]
+            assert all(os.path.exists(f) for f in files)
+            assert {f: mode_of(f) for f in files} == {f: 0o600 for f in files}
+    finally:
+        os.umask(old)
+
+
+@posix_modes
+@pytest.mark.parametrize("mode", [0o620, 0o602, 0o666, 0o660])
+@pytest.mark.parametrize("opener", ["open_store", "open_existing", "open_existing_rw"])
+def test_refuses_a_database_others_can_write(tmp_path, mode, opener):
+    path = new_db(tmp_path)
+    os.chmod(path, mode)
+    before = file_state(path)
+    with pytest.raises(InsecureModeError) as info:
+        if opener == "open_store":
+            open_store(path)
+        else:
+            open_existing(path, read_only=opener == "open_existing")
+    err = info.value
+    assert (err.path, stat.S_IMODE(err.mode), err.reason) == (
+        path, mode, "writable by group or others")
+    assert str(err) == (
+        f"agentrt: {path} is {stat.filemode(stat.S_IFREG | mode)}, writable by group or "
+        "others; the runtime keeps its database readable and writable by its owner only: "
+        f"chmod 600 {path} and chown it to the user that runs the runtime"
+    )
+    one_sentence(str(err), path, "chmod 600")
+    assert file_state(path) == before
+    assert not os.path.exists(path + "-wal")
+
+
+@posix_modes
+@pytest.mark.parametrize("suffix", ["-wal", "-shm"])
+def test_refuses_a_wal_file_others_can_write(tmp_path, suffix):
+    path = new_db(tmp_path)
+    side = make_sidecar(path, suffix, 0o606)
+    before = file_state(path)
+    for open_it in (lambda: open_store(path), lambda: open_existing(path)):
+        with pytest.raises(InsecureModeError) as info:
+            open_it()
+        assert info.value.path == side
+        assert "writable by group or others" in str(info.value)
+        one_sentence(str(info.value), side, "chmod 600")
+    assert file_state(path) == before and mode_of(side) == 0o606
+
+
+@posix_modes
+def test_tightens_a_database_others_can_read(tmp_path):
+    path = new_db(tmp_path)
+    os.chmod(path, 0o644)
+    side = make_sidecar(path, "-wal", 0o640)
+    with open_store(path):
+        assert mode_of(path) == 0o600
+        assert mode_of(side) == 0o600
+    os.chmod(path, 0o604)
+    with open_existing(path, read_only=False):
+        assert mode_of(path) == 0o600
+
+
+@posix_modes
+def test_read_only_open_leaves_an_others_readable_database_as_it_is(tmp_path):
+    path = new_db(tmp_path)
+    os.chmod(path, 0o644)
+    side = make_sidecar(path, "-wal", 0o644)
+    with open_existing(path) as store:
+        assert [r.id for r in store.list_runs()] == ["r0"]
+    assert mode_of(path) == 0o644 and mode_of(side) == 0o644
+
+
+@posix_modes
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                    reason="giving a file to another user needs root")
+def test_refuses_a_wal_file_owned_by_another_user(tmp_path):
+    path = new_db(tmp_path)
+    side = make_sidecar(path)
+    os.chown(side, 4242, 4242)
+    for open_it in (lambda: open_store(path), lambda: open_existing(path)):
+        with pytest.raises(InsecureModeError) as info:
+            open_it()
+        assert info.value.path == side
+        assert info.value.reason == "owned by another user than the database"
+        one_sentence(str(info.value), side, "chown")
+
+
+@posix_modes
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                    reason="reading another user's database needs root")
+def test_root_reading_a_users_database_leaves_the_wal_files_to_that_user(tmp_path):
+    # Otherwise the owner's next open would refuse root's -wal as another user's.
+    path = new_db(tmp_path)
+    os.chown(path, 4242, 4242)
+    with open_existing(path) as store:
+        store.list_runs()
+    sidecars = [path + "-wal", path + "-shm"]
+    assert [(os.stat(f).st_uid, mode_of(f)) for f in sidecars] == [(4242, 0o600)] * 2
+    assert file_state(path)[2] == 0o600
+
+
+@posix_modes
+@pytest.mark.parametrize("kind", ["directory", "symlink", "fifo"])
+def test_refuses_a_wal_path_that_is_not_a_regular_file(tmp_path, kind):
+    path = new_db(tmp_path)
+    side = path + "-wal"
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"")
+    os.chmod(target, 0o600)
+    if kind == "directory":
+        os.mkdir(side, 0o700)
+    elif kind == "symlink":
+        os.symlink(target, side)
+    else:
+        os.mkfifo(side, 0o600)
+    for open_it in (lambda: open_store(path), lambda: open_existing(path)):
+        with pytest.raises(InsecureModeError) as info:
+            open_it()
+        assert info.value.path == side
+        assert info.value.reason == "which is not a regular file"
+
+
+# -- triggers, views and the hardened connections ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "sql"),
+    [
+        ("trigger", "CREATE TRIGGER t AFTER INSERT ON runs BEGIN DELETE FROM events; END"),
+        ("view", "CREATE VIEW v AS SELECT * FROM runs"),
+    ],
+)
+def test_refuses_triggers_and_views_with_both_openers(tmp_path, kind, sql):
+    path = new_db(tmp_path)
+    conn = raw(path)
+    conn.execute(sql)
+    conn.execute("PRAGMA journal_mode=DELETE")  # so a WAL switch would show in the bytes
+    conn.close()
+    before = file_state(path)
+    name = "t" if kind == "trigger" else "v"
+    for open_it in (lambda: open_store(path), lambda: open_existing(path),
+                    lambda: open_existing(path, read_only=False)):
+        with pytest.raises(UnsafeSchemaError) as info:
+            open_it()
+        assert str(info.value).startswith(
+            f'agentrt: database holds a trigger or view: {path} has {kind} "{name}"')
+        one_sentence(str(info.value), path, f'DROP {kind.upper()} "{name}"')
+    assert file_state(path) == before
+
+
+def _pragmas(conn: apsw.Connection) -> dict[str, object]:
+    def one(name: str) -> object:
+        return conn.execute(f"PRAGMA {name}").fetchone()[0]
+
+    return {
+        "trusted_schema": one("trusted_schema"),
+        "defensive": conn.config(apsw.SQLITE_DBCONFIG_DEFENSIVE, -1),
+        "foreign_keys": one("foreign_keys"),
+        "busy_timeout": one("busy_timeout"),
+        "journal_mode": one("journal_mode"),
+        "synchronous": one("synchronous"),
+    }
+
+
+WRITER = {"trusted_schema": 0, "defensive": 1, "foreign_keys": 1, "busy_timeout": 5000,
+          "journal_mode": "wal", "synchronous": 2}
+
+
+@pytest.mark.parametrize("opener", ["open_store", "open_existing_rw"])
+def test_writers_harden_both_connections(tmp_path, opener):
+    path = new_db(tmp_path)
+    store = open_store(path) if opener == "open_store" else open_existing(path, read_only=False)
+    with store, store.lease_connection() as lease:
+        assert lease is not store.db()
+        assert _pragmas(store.db()) == WRITER
+        assert _pragmas(lease) == WRITER
+
+
+def test_writers_sync_every_commit_whatever_sqlites_default(tmp_path, monkeypatch):
+    # Some SQLite builds default to synchronous=NORMAL; imitate one on every connection.
+    monkeypatch.setattr(apsw, "connection_hooks",
+                        [*apsw.connection_hooks,
+                         lambda conn: conn.execute("PRAGMA synchronous=OFF")])
+    path = new_db(tmp_path)
+    for store in (open_store(path), open_existing(path, read_only=False)):
+        with store, store.lease_connection() as lease:
+            for conn in (store.db(), lease):
+                assert conn.execute("PRAGMA synchronous").fetchone() == (2,)
+
+
+def test_read_only_connection_is_hardened_too(tmp_path):
+    path = new_db(tmp_path)
+    with open_existing(path) as store:
+        got = _pragmas(store.db())
+        assert {k: got[k] for k in ("trusted_schema", "defensive", "busy_timeout")} == {
+            "trusted_schema": 0, "defensive": 1, "busy_timeout": 5000}
+
+
+def test_defensive_mode_refuses_writing_the_schema(tmp_path):
+    path = new_db(tmp_path)
+    with open_store(path) as store:
+        for conn in (store.db(), store._lease_conn):
+            assert conn is not None
+            conn.execute("PRAGMA writable_schema=ON")
+            with pytest.raises(apsw.Error, match="may not be modified"):
+                conn.execute("UPDATE sqlite_schema SET sql = 'CREATE TABLE x(y)' "
+                             "WHERE name = 'runs'")
+
+
+def test_transactions_begin_immediate(tmp_path):
+    path = new_db(tmp_path)
+    with open_store(path) as store, store.tx() as tx:
+        # IMMEDIATE takes the write lock at BEGIN: a second writer is shut out
+        # before this transaction has written anything.
+        other = raw(path)
+        other.set_busy_timeout(0)
+        with pytest.raises(apsw.BusyError):
+            other.execute("BEGIN IMMEDIATE")
+        other.close()
+        assert tx.one("SELECT COUNT(*) FROM runs") == (1,)
+
+
+# -- paths ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["we?ird.db", "ha#sh.db", "per%20cent.db", "a?b#c%d.db"])
+def test_path_with_uri_characters_opens_the_file_it_names(tmp_path, name):
+    folder = tmp_path / "dir?#%"
+    folder.mkdir()
+    path = str(folder / name)
+    with open_store(path) as store:
+        fill(store, runs=1, events=1)
+    assert os.path.isfile(path)
+    assert sorted(os.listdir(folder)) == [name]  # nothing made under a cut-short name
+    assert sorted(os.listdir(tmp_path)) == ["dir?#%"]
+    with open_existing(path) as store:
+        assert [r.id for r in store.list_runs()] == ["r0"]
+
+
+def test_relative_path_opens_in_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with open_store("rel#1.db") as store:
+        fill(store, runs=1, events=0)
+    assert os.path.isfile(tmp_path / "rel#1.db")
+
+
+def test_open_store_follows_a_symbolic_link(tmp_path):
+    path = new_db(tmp_path)
+    link = str(tmp_path / "link.db")
+    os.symlink(path, link)
+    with open_store(link) as store:
+        assert [r.id for r in store.list_runs()] == ["r0"]
+        with store.tx() as tx:
+            insert_run(tx, "via-link")
+    with open_existing(path) as store:
+        assert {r.id for r in store.list_runs()} == {"r0", "via-link"}
+
+
+def test_open_existing_refuses_a_symbolic_link(tmp_path):
+    path = new_db(tmp_path)
+    link = str(tmp_path / "link.db")
+    os.symlink(path, link)
+    before = file_state(path)
+    for read_only in (True, False):
+        with pytest.raises(SymlinkError) as info:
+            open_existing(link, read_only=read_only)
+        assert info.value.path == link
+        assert str(info.value) == (
+            f"agentrt: database path is a symbolic link: {link}; name the database file itself")
+    assert file_state(path) == before
+
+
+def test_open_existing_refuses_what_is_not_a_regular_file(tmp_path):
+    folder = tmp_path / "folder.db"
+    folder.mkdir()
+    fifo = tmp_path / "fifo.db"
+    os.mkfifo(fifo)
+    for path in (str(folder), str(fifo)):
+        with pytest.raises(StoreOpenError) as info:
+            open_existing(path)
+        assert str(info.value) == (
+            f"agentrt: open store: {path} is not a regular file; name the database file itself")
+
+
+def test_open_store_refuses_a_directory(tmp_path):
+    folder = tmp_path / "folder.db"
+    folder.mkdir()
+    with pytest.raises(StoreOpenError, match="is not a regular file"):
+        open_store(str(folder))
+
+
+# -- open_existing: never creates, never migrates, one version ------------------------
+
+
+def test_open_existing_never_creates(tmp_path):
+    path = str(tmp_path / "missing.db")
+    with pytest.raises(StoreOpenError) as info:
+        open_existing(path)
+    assert str(info.value) == (
+        f"agentrt: open store: {path} does not exist; name an existing agentrt database file")
+    assert os.listdir(tmp_path) == []
+
+
+def test_open_existing_refuses_a_file_that_is_not_sqlite(tmp_path):
+    path = tmp_path / "notes.db"
+    path.write_text("these are my notes, not a database\n" * 100)
+    os.chmod(path, 0o600)
+    before = file_state(path)
+    for open_it in (lambda: open_existing(str(path)), lambda: open_store(str(path))):
+        with pytest.raises(StoreOpenError) as info:
+            open_it()
+        assert str(info.value) == (
+            f"agentrt: open store: {path} is not a SQLite database; "
+            "name the agentrt database file")
+    assert file_state(path) == before
+    assert sorted(os.listdir(tmp_path)) == ["notes.db"]
+
+
+def test_open_existing_refuses_a_sqlite_file_that_is_not_agentrt(tmp_path):
+    path = tmp_path / "other.db"
+    conn = raw(path)
+    conn.execute("CREATE TABLE notes (body TEXT)")
+    conn.close()
+    os.chmod(path, 0o600)
+    before = file_state(path)
+    with pytest.raises(StoreOpenError) as info:
+        open_existing(str(path))
+    message = str(info.value)
+    assert message.startswith(f"agentrt: open store: {path} is not an agent-runtime database")
+    one_sentence(message, str(path), "name the database file an agentrt consumer created")
+    assert file_state(path) == before
+
+
+@pytest.mark.parametrize(("version", "newer"), [(4, "this build"), (5, "this build"),
+                                                (7, "the database")])
+def test_open_existing_refuses_either_other_version(tmp_path, version, newer):
+    path = tmp_path / "old.db"
+    conn = build_old_database(path, min(version, 6))
+    if version == 7:
+        conn.execute("INSERT INTO schema_migrations VALUES (7, '2027-01-01T00:00:00Z')")
+    conn.close()
+    os.chmod(path, 0o600)
+    before = file_state(path)
+    for read_only in (True, False):
+        with pytest.raises(SchemaVersionError) as info:
+            open_existing(str(path), read_only=read_only)
+        err = info.value
+        assert (err.found, err.known) == (version, 6)
+        message = str(err)
+        assert message.startswith(
+            f"agentrt: database schema version does not match this build: {path} is at "
+            f"version {version}, this build writes 6: {newer} is newer")
+        one_sentence(message, str(path), "open")
+    assert file_state(path) == before  # never migrated
+
+
+def test_read_only_open_never_writes(tmp_path):
+    path = new_db(tmp_path)
+    os.chmod(path, 0o640)
+    before = file_state(path)
+    with open_existing(path) as store:
+        assert store.read_only
+        store.list_runs()
+        store.list_events_after("", 0, 10)
+        store.verify_events()
+        refusal = "open_existing\\(path, read_only=False\\)"
+        with pytest.raises(ReadOnlyStoreError, match=refusal), store.tx():
+            pass
+        with pytest.raises(apsw.ReadOnlyError):
+            store.db().execute("DELETE FROM events")
+    assert file_state(path) == before
+
+
+def test_read_only_open_reads_uncheckpointed_wal_content(tmp_path):
+    path = new_db(tmp_path)
+    with open_store(path) as writer:
+        with writer.tx() as tx:
+            insert_run(tx, "in-the-wal")
+        assert os.path.getsize(path + "-wal") > 0
+        before = file_state(path)
+        with open_existing(path) as reader:
+            assert {r.id for r in reader.list_runs()} == {"r0", "in-the-wal"}
+        assert file_state(path) == before
+
+
+def test_open_store_refuses_a_newer_schema_and_leaves_it_unchanged(tmp_path):
+    path = tmp_path / "newer.db"
+    conn = build_old_database(path, 6)
+    conn.execute("INSERT INTO schema_migrations VALUES (7, '2027-01-01T00:00:00Z')")
+    conn.close()
+    os.chmod(path, 0o644)
+    before = file_state(path)
+    with pytest.raises(SchemaVersionError) as info:
+        open_store(str(path))
+    assert (info.value.found, info.value.known) == (7, 6)
+    assert str(info.value) == (
+        f"agentrt: database schema version does not match this build: {path}: the database "
+        "is at version 7, this build knows 6; open it with the agentrt build that migrated "
+        "it to version 7")
+    assert file_state(path) == before  # not switched to WAL, not tightened
+    assert sorted(os.listdir(tmp_path)) == ["newer.db"]
+
+
+def test_bad_input_messages_are_one_sentence_each(tmp_path):
+    """Every refusal of the issue's bad-input list names the file and the fix."""
+    messages = []
+    path = new_db(tmp_path)
+    os.chmod(path, 0o666)
+    with pytest.raises(InsecureModeError) as a:
+        open_store(path)
+    messages.append(str(a.value))
+    os.chmod(path, 0o600)
+    link = str(tmp_path / "l.db")
+    os.symlink(path, link)
+    with pytest.raises(SymlinkError) as b:
+        open_existing(link)
+    messages.append(str(b.value))
+    with pytest.raises(StoreOpenError) as c:
+        open_existing(str(tmp_path / "nope.db"))
+    messages.append(str(c.value))
+    for message in messages:
+        assert "\n" not in message
+        assert len(re.findall(r"\.\s+[A-Z]", message)) == 0  # no second sentence
+
+
+def test_public_names():
+    assert agentrt.SCHEMA_VERSION == 6
+    assert agentrt.MAX_PAGE_TEXT == 65536
+    assert agentrt.open_store is open_store and agentrt.open_existing is open_existing
+    assert agentrt.Store.__name__ == "Store"
+    for name in ("NotFoundError", "RunStateError", "LeaseLostError", "NotPendingError",
+                 "SchemaVersionError", "UnsafeSchemaError", "InsecureModeError",
+                 "SymlinkError", "ApprovalHashError", "ApprovalExpiredError"):
+        assert issubclass(getattr(agentrt, name), agentrt.AgentrtError)
+    assert issubclass(agentrt.RunLeasedError, agentrt.RunStateError)
