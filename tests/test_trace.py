@@ -348,11 +348,14 @@ def test_jsonl_record_escapes_string_fields_like_go():
     assert b'"run_id":"q\\"\\\\\\n\\u0001\\u2028\\ufffd\xc3\xa9<"' in record
 
 
-def test_jsonl_record_prints_a_time_in_its_own_zone():
+def test_jsonl_record_prints_every_time_in_utc_as_it_is_stored():
+    # An event holds its time as stored (UTC), so a live record and the same
+    # event exported later are byte-identical whatever zone the driver's clock
+    # reads in (the reference printed the clock's zone live and UTC after).
     at = datetime(2026, 9, 25, 7, 3, 4, 120000, tzinfo=timezone(timedelta(hours=-7)))
-    assert b'"at":"2026-09-25T07:03:04.12-07:00"' in jsonl_record(event(at=at))
+    assert b'"at":"2026-09-25T14:03:04.12Z"' in jsonl_record(event(at=at))
     whole = datetime(2026, 9, 25, 19, 33, 4, tzinfo=timezone(timedelta(hours=5, minutes=30)))
-    assert b'"at":"2026-09-25T19:33:04+05:30"' in jsonl_record(event(at=whole))
+    assert b'"at":"2026-09-25T14:03:04Z"' in jsonl_record(event(at=whole))
 
 
 def test_jsonl_record_prints_the_zero_time_as_go_does():

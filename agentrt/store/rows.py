@@ -67,14 +67,17 @@ class Columns:
     fast: str
     safe: str
     text_positions: tuple[int, ...]
+    #: The bare column names, in order, for writes of a full row.
+    names: str
 
     @classmethod
-    def of(cls, parts: Sequence[tuple[str, str]]) -> Columns:
+    def of(cls, parts: Sequence[tuple[str, str]], names: Sequence[str] = ()) -> Columns:
         fast = ", ".join(expr for expr, _ in parts)
         safe = ", ".join(
             f"CAST(({expr}) AS BLOB)" if kind == TEXT else expr for expr, kind in parts
         )
-        return cls(fast, safe, tuple(i for i, (_, k) in enumerate(parts) if k == TEXT))
+        return cls(fast, safe, tuple(i for i, (_, k) in enumerate(parts) if k == TEXT),
+                   ", ".join(names))
 
     def decode(self, row: Sequence[Any]) -> tuple[Any, ...]:
         out = list(row)
@@ -118,32 +121,53 @@ def _blob(name: str) -> tuple[str, str]:
     return (blob_expr(name), OTHER)
 
 
-RUN_COLUMNS = Columns.of(
-    _texts("id", "goal", "status", "reason", "reason_detail", "limits_json")
-    + _others("step_count")
-    + _texts("created_at", "started_at", "finished_at")
-    + [_blob("result_json")]
-    + _others("model_calls", "input_tokens", "output_tokens", "cached_input_tokens",
-              "estimated_cost_micros", "active_ms")
-    + _texts("lease_owner", "lease_expires_at")
+_INT = "int"
+_BLOB = "blob"
+
+
+def _record(*columns: tuple[str, str]) -> Columns:
+    """A table's columns as ``(name, kind)``: text as str, int, or blob as bytes."""
+    parts: list[tuple[str, str]] = []
+    for name, kind in columns:
+        if kind == TEXT:
+            parts += _texts(name)
+        elif kind == _INT:
+            parts += _others(name)
+        else:
+            parts.append(_blob(name))
+    return Columns.of(parts, [name for name, _ in columns])
+
+
+def _kinds(kind: str, *names: str) -> list[tuple[str, str]]:
+    return [(n, kind) for n in names]
+
+
+RUN_COLUMNS = _record(
+    *_kinds(TEXT, "id", "goal", "status", "reason", "reason_detail", "limits_json"),
+    ("step_count", _INT),
+    *_kinds(TEXT, "created_at", "started_at", "finished_at"),
+    ("result_json", _BLOB),
+    *_kinds(_INT, "model_calls", "input_tokens", "output_tokens", "cached_input_tokens",
+            "estimated_cost_micros", "active_ms"),
+    *_kinds(TEXT, "lease_owner", "lease_expires_at"),
 )
-STEP_COLUMNS = Columns.of(
-    _texts("id", "run_id") + _others("idx")
-    + _texts("status", "decision_json", "policy_json", "observation_json", "observation_hash",
-             "started_at", "finished_at", "spec_hash", "policy_id")
+STEP_COLUMNS = _record(
+    *_kinds(TEXT, "id", "run_id"), ("idx", _INT),
+    *_kinds(TEXT, "status", "decision_json", "policy_json", "observation_json",
+            "observation_hash", "started_at", "finished_at", "spec_hash", "policy_id"),
 )
-APPROVAL_COLUMNS = Columns.of(
-    _texts("id", "run_id", "step_id", "kind")
-    + [_blob("capability_json"), _blob("presentation_json")]
-    + _texts("request_json", "hash", "status", "created_at", "expires_at", "decided_at",
-             "decided_by", "note")
+APPROVAL_COLUMNS = _record(
+    *_kinds(TEXT, "id", "run_id", "step_id", "kind"),
+    ("capability_json", _BLOB), ("presentation_json", _BLOB),
+    *_kinds(TEXT, "request_json", "hash", "status", "created_at", "expires_at", "decided_at",
+            "decided_by", "note"),
 )
-MODEL_CALL_COLUMNS = Columns.of(
-    _texts("id", "run_id", "step_id") + _others("attempt")
-    + _texts("status", "model")
-    + _others("input_tokens", "output_tokens", "cached_input_tokens", "cost_micros",
-              "latency_ms")
-    + _texts("error", "dispatched_at", "completed_at")
+MODEL_CALL_COLUMNS = _record(
+    *_kinds(TEXT, "id", "run_id", "step_id"), ("attempt", _INT),
+    *_kinds(TEXT, "status", "model"),
+    *_kinds(_INT, "input_tokens", "output_tokens", "cached_input_tokens", "cost_micros",
+            "latency_ms"),
+    *_kinds(TEXT, "error", "dispatched_at", "completed_at"),
 )
 #: seq is the rowid (always an integer); the rest come back as str and bytes,
 #: so each row becomes an Event with one tuple copy (:func:`events_from_rows`).

@@ -89,20 +89,20 @@ def _parse(text: Any) -> datetime | None:
 
 def read_run(tx: Tx, run_id: str) -> Run:
     """The whole run as this transaction sees it; NotFoundError when absent."""
-    row = tx.one(f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
+    row = tx.one(f"SELECT {RUN_COLUMNS.fast} FROM runs WHERE id = ?", (run_id,))
     if row is None:
         raise NotFoundError(f"run {run_id}")
     return run_from_row(row)
 
 
 def read_step(tx: Tx, step_id: str) -> Step | None:
-    row = tx.one(f"SELECT {STEP_COLUMNS} FROM steps WHERE id = ?", (step_id,))
+    row = tx.one(f"SELECT {STEP_COLUMNS.fast} FROM steps WHERE id = ?", (step_id,))
     return step_from_row(row) if row is not None else None
 
 
 def read_approval(tx: Tx, run_id: str, approval_id: str) -> Approval | None:
     row = tx.one(
-        f"SELECT {APPROVAL_COLUMNS} FROM approvals WHERE id = ? AND run_id = ?",
+        f"SELECT {APPROVAL_COLUMNS.fast} FROM approvals WHERE id = ? AND run_id = ?",
         (approval_id, run_id),
     )
     return approval_from_row(row) if row is not None else None
@@ -342,7 +342,7 @@ def put_tool_spec(tx: Tx, spec_hash: str, canonical: bytes) -> None:
 def insert_step(tx: Tx, row: Sequence[Any]) -> None:
     """A new step from a full row in ``STEP_COLUMNS`` order."""
     tx.execute(
-        f"INSERT INTO steps ({STEP_COLUMNS}) VALUES ({_marks(len(row))})", tuple(row)
+        f"INSERT INTO steps ({STEP_COLUMNS.names}) VALUES ({_marks(len(row))})", tuple(row)
     )
 
 
@@ -425,7 +425,7 @@ def fail_open_steps(
 def insert_approval(tx: Tx, row: Sequence[Any]) -> None:
     """A new approval from a full row in ``APPROVAL_COLUMNS`` order."""
     tx.execute(
-        f"INSERT INTO approvals ({APPROVAL_COLUMNS}) VALUES ({_marks(len(row))})", tuple(row)
+        f"INSERT INTO approvals ({APPROVAL_COLUMNS.names}) VALUES ({_marks(len(row))})", tuple(row)
     )
 
 
