@@ -1,0 +1,31 @@
+"""The docs cannot drift from the tests: every test or test file they cite exists."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from store_helpers import ROOT
+
+DOCS = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
+
+
+def _test_names() -> set[str]:
+    names: set[str] = set()
+    for path in (ROOT / "tests").glob("test_*.py"):
+        names.update(re.findall(r"^(?:async )?def (test_\w+)", path.read_text(), re.MULTILINE))
+    return names
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_every_test_a_doc_cites_exists(doc):
+    text = doc.read_text()
+    known = _test_names()
+    cited = set(re.findall(r"(?<![\w.])(test_\w+)(?![\w.*])", text))
+    cited |= set(re.findall(r"::(test_\w+)", text))
+    files = set(re.findall(r"\b(tests/\w+\.py|test_\w+\.py)\b", text))
+    assert cited <= known, sorted(cited - known)
+    for name in files:
+        path = ROOT / name if name.startswith("tests/") else ROOT / "tests" / name
+        assert path.exists(), name
