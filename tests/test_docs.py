@@ -29,3 +29,12 @@ def test_every_test_a_doc_cites_exists(doc):
     for name in files:
         path = ROOT / name if name.startswith("tests/") else ROOT / "tests" / name
         assert path.exists(), name
+
+
+def test_the_readme_program_runs_and_completes(tmp_path, monkeypatch, capsys):
+    text = (ROOT / "README.md").read_text()
+    code = re.search(r"## In a program\n\n```python\n(.*?)```", text, re.S)
+    assert code is not None
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code.group(1), "README.md", "exec"), {})
+    assert capsys.readouterr().out == "COMPLETED goal_completed\n"
