@@ -542,6 +542,16 @@ def test_the_tool_receives_the_agents_own_argument_bytes_and_the_policy_the_poli
     assert seen == [b'{"n":1}'] and calls[0].args == b'{ "n" : 1 }'
 
 
+def test_tool_durations_are_measured_on_the_drivers_monotonic_clock():
+    readings = iter([10.0, 10.25, 20.0, 20.5])
+    d, store, _, _ = make(script=[call("read", b'{"n":1}'), call("write", b'{"n":2}'),
+                                  Decision.complete()], monotonic=lambda: next(readings))
+    d.start("g", limits(), run_id="r")
+    finished = [json.loads(e.payload) for e in store.list_events("r")
+                if e.type == "step.tool_finished"]
+    assert [p["duration_ms"] for p in finished] == [250, 500]
+
+
 def test_a_naive_clock_is_read_as_utc():
     from datetime import datetime
 

@@ -259,6 +259,16 @@ def test_the_same_lease_owner_name_is_two_owners():
     assert a.owner.startswith("worker/") and len(a.owner) == len("worker/") + 12
 
 
+def test_a_lease_token_fixes_the_owner_id_for_a_reproducible_record():
+    a, store, _, _ = make(script=[call("read", b'{"n":1}'), Decision.complete()],
+                          lease_owner="fixtures", lease_token="000000000001")
+    b, _, _, _ = make(lease_owner="fixtures", lease_token="000000000001")
+    assert a.owner == b.owner == "fixtures/000000000001"
+    c, _, _, _ = make(lease_token="abc")
+    assert c.owner == "abc"
+    assert a.start("g", limits(), run_id="r").status == "COMPLETED"
+
+
 def test_one_driver_refuses_a_second_call_on_its_run():
     release, entered = threading.Event(), threading.Event()
     d, store, _, _ = make(script=[call("write"), Decision.complete()],

@@ -104,6 +104,7 @@ class Core:
     reconcile: Reconcile | None
     owner: str
     lease_ttl: timedelta
+    monotonic: Callable[[], float]
 
     def spec_entries(self) -> list[tuple[ToolSpec, str, bytes]]:
         """Every registered tool's current spec and recorded form, in name order."""

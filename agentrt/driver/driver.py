@@ -9,6 +9,7 @@ the run pauses for an approval, ends, loses its lease, or the caller's
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -64,7 +65,10 @@ class Driver:
 
     ``now`` is the driver's clock for every recorded time (a deterministic
     consumer keys its records on the sequence of readings); leases always use
-    the wall clock (``wall``, replaceable only for tests).
+    the wall clock (``wall``, replaceable only for tests). ``lease_token`` fixes
+    the random part of the lease owner id and ``monotonic`` the clock tool
+    durations are measured on (``time.monotonic``): both only for a record that
+    must be reproduced byte for byte, such as the export fixtures.
     """
 
     def __init__(
@@ -82,6 +86,8 @@ class Driver:
         lease_owner: str = "",
         lease_ttl: timedelta | float = DEFAULT_LEASE_TTL,
         wall: WallClock | None = None,
+        lease_token: str = "",
+        monotonic: Callable[[], float] | None = None,
     ) -> None:
         if store is None:
             raise ConfigError("store is required")
@@ -107,8 +113,9 @@ class Driver:
             new_id=new_id or _default_id,
             model=model.resolved() if model is not None else None,
             reconcile=reconcile,
-            owner=lease_owner_id(lease_owner),
+            owner=lease_owner_id(lease_owner, lease_token),
             lease_ttl=_ttl(lease_ttl),
+            monotonic=monotonic or time.monotonic,
         )
         self._lock = threading.Lock()
         self._live: dict[str, Session] = {}

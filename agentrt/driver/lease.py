@@ -29,11 +29,18 @@ def wall_now() -> datetime:
     return datetime.now(UTC)
 
 
-def lease_owner_id(name: str) -> str:
+def lease_owner_id(name: str, token: str = "") -> str:
     """A fresh owner id; with a name, ``<name>/<12 hex>`` so two drivers sharing a
-    name are still two owners."""
-    token = secrets.token_hex(16)
-    return f"{name}/{token[:12]}" if name else token
+    name are still two owners.
+
+    ``token`` replaces the random part (``<name>/<token>``, or the token alone
+    without a name): only for a reproducible record, because two drivers given
+    the same name and token are one owner.
+    """
+    if not token:
+        token = secrets.token_hex(16)
+        return f"{name}/{token[:12]}" if name else token
+    return f"{name}/{token}" if name else token
 
 
 class Lease:

@@ -457,7 +457,8 @@ def execute(s: Session, step: Step, expected: tuple[str, ...], request: ToolRequ
     if grant is not None:
         s.lease.start(wall_at)
     tool = core.tools[request.spec.name].tool
-    outcome = run_tool(s.worker, tool, request.spec, s.run_id, step.id, request.args, s.cancel)
+    outcome = run_tool(s.worker, tool, request.spec, s.run_id, step.id, request.args, s.cancel,
+                       core.monotonic)
     return _record_tool(s, stored, request.spec, outcome)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from agentrt.canonical import check_json, content_hash
@@ -67,18 +68,22 @@ def _content(name: str, value: object) -> tuple[Observation, bytes]:
 
 
 def run_tool(worker: Worker, tool: Tool, spec: ToolSpec, run_id: str, step_id: str,
-             args: bytes, caller: CancelToken) -> ToolOutcome:
-    """Call ``tool`` on the session's worker; stop waiting at ``spec.timeout``."""
+             args: bytes, caller: CancelToken,
+             monotonic: Callable[[], float] = time.monotonic) -> ToolOutcome:
+    """Call ``tool`` on the session's worker; stop waiting at ``spec.timeout``.
+
+    ``duration_ms`` is measured on ``monotonic`` (read once before, once after).
+    """
     name = spec.name
     timeout = spec.timeout.total_seconds()
     token = caller.child(timeout=timeout)
     call = ToolCall(run_id, step_id, args, token)
-    started = time.monotonic()
+    started = monotonic()
     try:
         out = worker.call(lambda: tool.call(call), timeout)
     finally:
         caller.release(token)
-    duration_ms = int((time.monotonic() - started) * 1000)
+    duration_ms = int((monotonic() - started) * 1000)
     if out is None:
         token.cancel("deadline exceeded")
         error = f"no outcome within the timeout of {format_duration(duration_ns(spec.timeout))}"

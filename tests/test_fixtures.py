@@ -1,0 +1,314 @@
+"""The export fixtures: made by real drivers, reproducible, and mapped to their goldens.
+
+`fixtures/runs.db` is what the driver wrote through the reference's fixture
+runs (spec export.md section 4); `fixtures/runs.jsonl` and
+`fixtures/spans.json` are what the exporters make of it. Every test reads a
+private copy of the database. When a golden test fails because the runtime or
+an exporter deliberately changed what it writes, run `make fixtures` and
+review the diff.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _fixtures_kit import (
+    DB,
+    GOLDEN_FILES,
+    JSONL,
+    SPANS,
+    STALE,
+    copy_fixture,
+    digest,
+    golden_spans,
+    identity,
+    restart_differences,
+    to_ns,
+)
+from eventdb import REPO_ROOT, child_env
+
+from agentrt.events import ALL_EVENT_TYPES, Event
+from agentrt.store import Store, open_existing
+from agentrt_otel import SpanMapper, span_id_hex, trace_id_hex
+from fixtures.golden import jsonl_bytes, record_dict, span_records, spans_json
+from fixtures.scenarios import RUN_IDS
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return copy_fixture(tmp_path_factory.mktemp("fixture"))
+
+
+@pytest.fixture(scope="module")
+def store(db: str) -> Iterator[Store]:
+    with open_existing(db, read_only=True) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def events(store: Store) -> list[Event]:
+    return store.list_events_after("", 0, 10_000)
+
+
+def types(store: Store, run_id: str) -> list[str]:
+    return [e.type for e in store.list_events(run_id)]
+
+
+def payloads(store: Store, run_id: str, type_: str) -> list[dict]:
+    return [json.loads(e.payload) for e in store.list_events(run_id) if e.type == type_]
+
+
+# -- regeneration -------------------------------------------------------------------
+
+
+def generate(outdir: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "fixtures.generate", str(outdir)],
+                          capture_output=True, env=child_env(), cwd=REPO_ROOT, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr.decode()
+
+
+def test_regenerating_gives_byte_identical_files(tmp_path: Path) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    generate(first)
+    generate(second)
+    for golden in GOLDEN_FILES:
+        a, b = first / golden.name, second / golden.name
+        assert a.read_bytes() == b.read_bytes(), f"{golden.name} differs between two runs"
+    assert stat.S_IMODE(os.stat(first / "runs.db").st_mode) == 0o600
+    assert sorted(os.listdir(first)) == sorted(g.name for g in GOLDEN_FILES)  # no -wal, -shm
+    for golden in GOLDEN_FILES:
+        assert (first / golden.name).read_bytes() == golden.read_bytes(), (
+            f"fixtures/{golden.name}: {STALE}")
+
+
+def test_the_database_is_a_rollback_journal_file_with_fixed_migration_times(store: Store) -> None:
+    header = DB.read_bytes()[:20]
+    assert header[:16] == b"SQLite format 3\x00"
+    assert header[18:20] == b"\x01\x01", "not WAL: a read-only open creates no -wal or -shm"
+    rows = store.db().execute("SELECT version, applied_at FROM schema_migrations").fetchall()
+    assert rows == [(v, "2026-10-01T09:00:00Z") for v in range(1, 7)]
+    leased = store.db().execute("SELECT count(*) FROM runs WHERE lease_owner != ''").fetchone()
+    assert leased == (0,)
+
+
+def test_a_copy_with_a_checkouts_mode_opens_read_only_and_stays_unchanged(tmp_path: Path) -> None:
+    path = copy_fixture(tmp_path)
+    os.chmod(path, 0o644)  # what a git checkout gives it
+    with open_existing(path, read_only=True) as s:
+        assert s.chain_head()[0] == 111
+    assert digest(Path(path)) == digest(DB)
+    assert sorted(os.listdir(tmp_path)) == ["runs.db"]
+
+
+# -- what the runs wrote ------------------------------------------------------------
+
+
+def test_every_event_type_appears_and_a_tool_finishes_late(events: list[Event]) -> None:
+    assert set(ALL_EVENT_TYPES) == {e.type for e in events}
+    assert len(ALL_EVENT_TYPES) == 19
+    late = [e for e in events if e.type == "step.tool_finished"
+            and json.loads(e.payload).get("late") is True]
+    assert [e.run_id for e in late] == ["cancelled-run"]
+
+
+def test_the_chain_verifies_from_the_first_event_to_the_last(store: Store,
+                                                            events: list[Event]) -> None:
+    report = store.verify_events()
+    assert report.broken is None
+    assert (report.from_seq, report.to_seq, report.checked) == (1, len(events), len(events))
+    assert store.chain_head() == (report.to_seq, report.hash)
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+
+
+@pytest.mark.parametrize(("run_id", "status", "reason", "steps"), [
+    ("paused-run", "COMPLETED", "goal_completed", 3),
+    ("completed-run", "COMPLETED", "goal_completed", 5),
+    ("interrupted-run", "COMPLETED", "goal_completed", 2),
+    ("cancelled-run", "CANCELLED", "operator_cancelled", 1),
+    ("model-run", "COMPLETED", "goal_completed", 2),
+    ("limit-run", "FAILED", "limit_steps", 1),
+    ("loop-run", "FAILED", "loop_detected", 2),
+    ("failed-run", "FAILED", "goal_failed", 1),
+])
+def test_runs_end_in_the_reference_statuses_and_reasons(store: Store, run_id: str, status: str,
+                                                        reason: str, steps: int) -> None:
+    run = store.get_run(run_id)
+    assert (run.status, run.reason, run.step_count) == (status, reason, steps)
+    assert types(store, run_id)[:2] == ["run.created", "run.started"]
+    assert run_id in RUN_IDS
+
+
+def test_the_runs_interleave_as_concurrent_runs_do(events: list[Event]) -> None:
+    order = list(dict.fromkeys(e.run_id for e in events))
+    assert order == list(RUN_IDS)
+    # The paused and the interrupted run are still open while later runs start and end.
+    last = {e.run_id: e.seq for e in events}
+    first = {e.run_id: e.seq for e in reversed(events)}
+    assert first["model-run"] < last["paused-run"]
+    assert last["model-run"] < last["interrupted-run"]
+
+
+def test_the_completed_run_has_an_invalid_decision_and_a_denial(store: Store) -> None:
+    run = store.get_run("completed-run")
+    assert run.goal == "g" * 3000 and run.limits.max_steps == 10
+    steps = store.list_steps("completed-run")
+    assert [(s.status, s.observation.kind if s.observation else None) for s in steps] == [
+        ("done", "tool_result"), ("failed", "invalid_decision"), ("failed", "policy_denied"),
+        ("done", "tool_result"), ("done", None)]
+    assert steps[0].decision.reason == "because " * 400
+    assert [p["args"] for p in payloads(store, "completed-run", "step.tool_started")] == [
+        {"n": 1}, {"n": 2}]  # write and wipe never ran
+    assert json.loads(store.get_run("completed-run").result) == {"done": True}
+
+
+def test_the_paused_run_was_approved_by_the_operator_and_ran_publish_once(store: Store) -> None:
+    (approval,) = store.list_approvals("paused-run")
+    assert (approval.kind, approval.status, approval.decided_by, approval.note) == (
+        "remote_mutation", "approved", "operator", "looks right")
+    seq = types(store, "paused-run")
+    assert seq.count("approval.requested") == seq.count("approval.decided") == 1
+    assert seq.count("run.resumed") == 1
+    assert [p["tool"] for p in payloads(store, "paused-run", "step.tool_finished")] == [
+        "read", "publish"]
+
+
+def test_the_interrupted_run_has_the_reference_18_events_after_a_real_process_died(
+        store: Store) -> None:
+    assert types(store, "interrupted-run") == [
+        "run.created", "run.started", "step.started", "step.decided", "step.policy",
+        "step.tool_started", "lease.taken_over", "step.interrupted", "step.policy",
+        "approval.requested", "approval.decided", "run.resumed", "step.policy",
+        "step.tool_started", "step.tool_finished", "step.started", "step.decided",
+        "run.finished"]
+    (taken,) = payloads(store, "interrupted-run", "lease.taken_over")
+    assert taken == {"owner": "resumer/000000000000",
+                     "previous_expires_at": "2026-10-01T09:02:01Z",
+                     "previous_owner": "crasher/000000000000"}
+    (interrupted,) = payloads(store, "interrupted-run", "step.interrupted")
+    assert interrupted == {"previous_status": {"previous_status": "executing"}}
+    (approval,) = store.list_approvals("interrupted-run")
+    assert (approval.kind, approval.status, approval.decided_by, approval.note) == (
+        "interrupted_side_effect", "approved", "operator", "run it again")
+    # Written by the child up to the tool, then by the resumer: one tool outcome.
+    events = store.list_events("interrupted-run")
+    assert {e.step_id for e in events[2:6]} == {"interrupted-crasher-1"}
+    assert [p["summary"] for p in payloads(store, "interrupted-run", "step.tool_finished")] == [
+        "write done"]
+
+
+def test_the_cancelled_runs_tool_result_is_appended_after_run_finished(store: Store) -> None:
+    assert types(store, "cancelled-run")[-2:] == ["run.finished", "step.tool_finished"]
+    (finished,) = payloads(store, "cancelled-run", "run.finished")
+    assert (finished["by"], finished["detail"]) == ("operator", "changed my mind")
+    (late,) = payloads(store, "cancelled-run", "step.tool_finished")
+    assert (late["late"], late["tool"], late["summary"]) == (True, "block",
+                                                             "finished after cancel")
+
+
+def test_the_model_runs_first_call_got_a_429_and_the_retry_succeeded(store: Store) -> None:
+    calls = store.list_model_calls("model-run")
+    steps = store.list_steps("model-run")
+    assert [(c.step_id, c.attempt, c.status) for c in calls] == [
+        (steps[0].id, 1, "error"), (steps[0].id, 2, "ok"), (steps[1].id, 1, "ok")]
+    assert "429" in calls[0].error
+    assert sum(c.cost_micros for c in calls if c.step_id == steps[0].id) == 200
+    run = store.get_run("model-run")
+    assert (run.model_calls, run.usage.input_tokens, run.usage.cached_input_tokens) == (3, 220, 50)
+    assert steps[0].decision.origin == "model" and steps[0].decision.args == b'{"n":7}'
+
+
+def test_limit_loop_and_fail_record_why_they_stopped(store: Store) -> None:
+    assert payloads(store, "limit-run", "limit.exceeded") == [
+        {"detail": "step limit 1 reached", "reason": "limit_steps"}]
+    (loop,) = payloads(store, "loop-run", "loop.detected")
+    assert (loop["repeats"], loop["tool"]) == (2, "read")
+    assert store.get_run("failed-run").reason_detail == "no " * 1000
+    (decided,) = payloads(store, "failed-run", "step.decided")
+    assert (decided["kind"], decided["message"]) == ("fail", "no " * 1000)
+
+
+# -- the goldens ------------------------------------------------------------------------
+
+
+def test_the_jsonl_golden_is_what_the_follower_and_sink_write(db: str) -> None:
+    assert jsonl_bytes(db) == JSONL.read_bytes(), f"fixtures/runs.jsonl: {STALE}"
+
+
+def test_the_spans_golden_is_what_agentrt_otel_maps_in_one_pass(db: str) -> None:
+    assert spans_json(span_records(db)) == SPANS.read_bytes(), f"fixtures/spans.json: {STALE}"
+
+
+def test_every_event_type_has_a_specific_otel_mapping(events: list[Event], store: Store) -> None:
+    mapper = SpanMapper(store)
+    assert mapper.handled_types == frozenset(ALL_EVENT_TYPES)
+    for event in events:
+        spans = mapper.map(event)
+        assert "agentrt.event" not in {s.name for s in spans}, event.type
+    assert "agentrt.event" not in {s["name"] for s in golden_spans()}
+
+
+def test_the_golden_spans_have_the_reference_shape() -> None:
+    spans = golden_spans()
+    by_run: dict[str, Counter[str]] = {}
+    for s in spans:
+        run_id = s["attributes"]["agentrt.run.id"]
+        assert s["trace_id"] == trace_id_hex(run_id)
+        by_run.setdefault(run_id, Counter())[s["name"]] += 1
+    assert by_run == {
+        "paused-run": Counter({"agentrt.run": 1, "agentrt.step": 3, "agentrt.approval": 1}),
+        "completed-run": Counter({"agentrt.run": 1, "agentrt.step": 5}),
+        "interrupted-run": Counter({"agentrt.run": 1, "agentrt.step": 2,
+                                    "agentrt.approval": 1}),
+        "cancelled-run": Counter({"agentrt.run": 1, "agentrt.step": 1, "agentrt.tool.late": 1}),
+        "model-run": Counter({"agentrt.run": 1, "agentrt.step": 2, "agentrt.model": 3}),
+        "limit-run": Counter({"agentrt.run": 1, "agentrt.step": 1}),
+        "loop-run": Counter({"agentrt.run": 1, "agentrt.step": 2}),
+        "failed-run": Counter({"agentrt.run": 1, "agentrt.step": 1}),
+    }
+    runs = {s["attributes"]["agentrt.run.id"]: s for s in spans if s["name"] == "agentrt.run"}
+    for run_id, s in runs.items():
+        assert s["span_id"] == span_id_hex("run", run_id) and s["parent_span_id"] is None
+    assert {r: (s["status"], s["attributes"]["agentrt.run.reason"]) for r, s in runs.items()} == {
+        "paused-run": ("OK", "goal_completed"),
+        "completed-run": ("OK", "goal_completed"),
+        "interrupted-run": ("OK", "goal_completed"),
+        "cancelled-run": ("UNSET", "operator_cancelled"),
+        "model-run": ("OK", "goal_completed"),
+        "limit-run": ("ERROR", "limit_steps"),
+        "loop-run": ("ERROR", "loop_detected"),
+        "failed-run": ("ERROR", "goal_failed"),
+    }
+    (late,) = [s for s in spans if s["name"] == "agentrt.tool.late"]
+    step = "cancelled-1"
+    assert (late["span_id"], late["parent_span_id"]) == (span_id_hex("late", step),
+                                                          span_id_hex("step", step))
+    assert to_ns(late["end"]) > to_ns(runs["cancelled-run"]["end"])
+    interrupted = [s for s in spans if s["attributes"]["agentrt.run.id"] == "interrupted-run"
+                   and s["name"] == "agentrt.step"]
+    assert "step.interrupted" in [e["name"] for e in interrupted[0]["events"]]
+    models = [s for s in spans if s["name"] == "agentrt.model"]
+    assert [(s["kind"], s["status"]) for s in models] == [
+        ("CLIENT", "ERROR"), ("CLIENT", "UNSET"), ("CLIENT", "UNSET")]
+
+
+def test_any_split_of_the_stream_gives_the_golden_spans_within_the_known_limits(
+        events: list[Event], store: Store) -> None:
+    """An exporter restarted after event k (a fresh mapper with the store as
+    source) makes every golden span once, equal to it but for what the store
+    keeps no record of."""
+    golden = {identity(s): s for s in golden_spans()}
+    for k in range(1, len(events)):
+        spans = SpanMapper().map_all(events[:k]) + SpanMapper(store).map_all(events[k:])
+        got = [record_dict(s) for s in spans]
+        assert sorted(map(identity, got), key=str) == sorted(golden, key=str), k
+        for span in got:
+            assert restart_differences(span, golden[identity(span)]) == [], (k, span["name"])
