@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -81,20 +81,18 @@ def settings_from(**kw: Any) -> FollowSettings:
                           bool(kw.get("follow")), kw.get("interval"), kw["page_size"])
 
 
-@contextlib.contextmanager
-def _stop_on_signals() -> Iterator[threading.Event]:
-    """A stop event set by SIGTERM and SIGINT, handlers restored afterwards."""
-    stop = threading.Event()
+#: Set by SIGTERM and SIGINT once ``main`` installed its handlers: from then
+#: to the process's exit a signal means "stop cleanly", never "die", so one
+#: that lands after the last page was saved still exits 0.
+_STOP = threading.Event()
 
+
+def _install_signal_handlers() -> None:
     def handler(signum: int, frame: object) -> None:
-        stop.set()
+        _STOP.set()
 
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield stop
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, handler)
 
 
 def _progress(store: Store) -> Callable[[int, int], None] | None:
@@ -144,20 +142,19 @@ def run_follower(
             once=not settings.follow,
             on_page=_progress(store),
         )
-        with _stop_on_signals() as stop:
-            try:
-                follower.follow(make_sink(store, stop), stop)
-            except BrokenPipeError:
-                # The reader went away (``| head``): end quietly; the cursor was
-                # not saved past what reached the pipe.
-                _silence_stdout()
-            except AgentrtError as exc:
-                if clean_stop is not None and isinstance(exc, clean_stop):
-                    click.echo(f"stopped: {exc}; the page is sent again on restart", err=True)
-                    return
-                raise click.ClickException(str(exc)) from None
-            except OSError as exc:
-                raise click.ClickException(f"writing events: {exc.strerror or exc}") from None
+        try:
+            follower.follow(make_sink(store, _STOP), _STOP)
+        except BrokenPipeError:
+            # The reader went away (``| head``): end quietly; the cursor was
+            # not saved past what reached the pipe.
+            _silence_stdout()
+        except AgentrtError as exc:
+            if clean_stop is not None and isinstance(exc, clean_stop):
+                click.echo(f"stopped: {exc}; the page is sent again on restart", err=True)
+                return
+            raise click.ClickException(str(exc)) from None
+        except OSError as exc:
+            raise click.ClickException(f"writing events: {exc.strerror or exc}") from None
 
 
 def _silence_stdout() -> None:
@@ -242,6 +239,7 @@ def otel(endpoint: str | None, protocol: str | None, headers: tuple[str, ...],
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: exit 0 ok, 1 on failure (``error: <sentence>``), 2 on usage."""
+    _install_signal_handlers()
     sys.exit(run_click(cli, "agentrt-export", argv))
 
 

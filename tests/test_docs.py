@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from store_helpers import ROOT
 
 DOCS = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
