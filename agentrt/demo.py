@@ -1,0 +1,134 @@
+"""``python -m agentrt.demo demo.db``: a real scripted run, recorded, then shown.
+
+The scenario goes through what the runtime is for: two allowed tool calls, a
+malformed request (recorded verbatim, refused by the schema), a destructive
+call the policy denies, a deploy that pauses for a person, the operator's
+approval through the same function the ``agentrt`` command calls, the resume
+that executes exactly the approved request, and the finish. Then it prints the
+run and every event, read back from the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from datetime import timedelta
+
+from agentrt.driver import DefaultPolicy, Driver, FuncTool, ToolCall, ToolResult, approve
+from agentrt.errors import AgentrtError
+from agentrt.records import Decision, Limits, Run
+from agentrt.store import Store, open_store
+from agentrt.testing import ScriptedAgent
+
+__all__ = ["main", "run_demo"]
+
+_PATH_SCHEMA = b'{"type":"object","properties":{"path":{"type":"string"}},"required":["path"]}'
+_NOTE_SCHEMA = b'{"type":"object","properties":{"text":{"type":"string"}},"required":["text"]}'
+_ENV_SCHEMA = b'{"type":"object","properties":{"env":{"enum":["staging","production"]}}}'
+
+
+def _tools() -> list[FuncTool]:
+    def read_file(call: ToolCall) -> ToolResult:
+        return ToolResult(b'{"lines":42,"title":"agentrt for Python"}', "read 42 lines")
+
+    def write_note(call: ToolCall) -> ToolResult:
+        return ToolResult(b'{"saved":true}', "note saved")
+
+    def deploy(call: ToolCall) -> ToolResult:
+        return ToolResult(b'{"deployed":"staging","version":"1.4.2"}', "deployed 1.4.2")
+
+    def drop_table(call: ToolCall) -> ToolResult:  # pragma: no cover - always denied
+        return ToolResult(b'{"dropped":true}', "dropped")
+
+    timeout = timedelta(seconds=10)
+    return [
+        FuncTool("read_file", read_file, description="Read a file from the workspace.",
+                 input_schema=_PATH_SCHEMA, side_effect="read_only", timeout=timeout),
+        FuncTool("write_note", write_note, description="Save a note.",
+                 input_schema=_NOTE_SCHEMA, side_effect="local_mutation", timeout=timeout),
+        FuncTool("deploy", deploy, description="Deploy the service.",
+                 input_schema=_ENV_SCHEMA, side_effect="remote_mutation", timeout=timeout),
+        FuncTool("drop_table", drop_table, description="Drop a database table.",
+                 side_effect="destructive", timeout=timeout),
+    ]
+
+
+_SCRIPT = [
+    Decision.tool_call("read_file", '{"path": "README.md"}', reason="learn what to ship"),
+    Decision.tool_call("write_note", '{"text": 42}', reason="a malformed request"),
+    Decision.tool_call("drop_table", '{"table": "users"}', reason="clean up (denied)"),
+    Decision.tool_call("deploy", '{"env": "staging"}', reason="ship it (needs approval)"),
+    Decision.tool_call("write_note", '{"text": "deployed 1.4.2 to staging"}'),
+    Decision.complete('{"summary": "deployed 1.4.2 to staging after approval"}'),
+]
+
+
+def _remove(path: str) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path + suffix)
+
+
+def run_demo(path: str) -> tuple[Store, Run]:
+    """Record the scenario into a fresh database at ``path``; return it and the run."""
+    _remove(path)
+    store = open_store(path)
+    driver = Driver(store, ScriptedAgent(_SCRIPT), DefaultPolicy(), _tools(),
+                    lease_owner="demo")
+    limits = Limits(max_steps=20, max_consecutive_tool_failures=3, loop_threshold=3)
+    run = driver.start("deploy the service to staging", limits)
+    if run.status == "WAITING_FOR_APPROVAL":
+        pending = [a for a in store.list_approvals(run.id) if a.status == "pending"]
+        for a in pending:
+            approve(store, run.id, a.id, "demo-operator", "staging only, go ahead")
+        run = driver.resume(run.id)
+    return store, run
+
+
+def _show(text: str, width: int = 110) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _print(store: Store, run: Run) -> None:
+    print(f"run {run.id}: {run.status} ({run.reason}) after {run.step_count} steps")
+    print(f"  goal:   {run.goal}")
+    print(f"  result: {run.result.decode('utf-8', 'replace')}")
+    print()
+    print("steps:")
+    for s in store.list_steps(run.id):
+        tool = s.decision.tool if s.decision and s.decision.tool else (
+            s.decision.kind if s.decision else "")
+        summary = s.observation.summary if s.observation else ""
+        print(f"  {s.index}  {s.status:<9} {tool:<11} {_show(summary, 80)}")
+    print()
+    print("events:")
+    for e in store.list_events(run.id):
+        at = e.at.strftime("%H:%M:%S.%f")[:-3]
+        step = e.step_id[:8] if e.step_id else "-"
+        print(f"  {e.seq:>3}  {at}  {e.type:<19} {step:<8}  "
+              f"{_show(e.payload.decode('utf-8', 'replace'), 70)}")
+    report = store.verify_events()
+    print()
+    print(f"event chain: {report.checked} events verified, head {report.hash[:16]}…"
+          if report.broken is None else f"event chain BROKEN: {report.broken}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    path = args[0] if args else "demo.db"
+    try:
+        store, run = run_demo(path)
+    except (AgentrtError, OSError) as exc:
+        print(f"demo: cannot record into {path}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        _print(store, run)
+    finally:
+        store.close()
+    print(f"\nrecorded in {path}")
+    return 0 if run.status == "COMPLETED" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

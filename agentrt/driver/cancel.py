@@ -1,0 +1,96 @@
+"""Cancellation by an explicit token, never by killing a thread.
+
+A :class:`CancelToken` is handed to ``Driver.start``/``resume`` and, as a child
+token, to every tool call and model attempt. Cancelling a parent cancels its
+children; a child's own timeout never reaches the parent. Python cannot stop a
+thread, so a tool that ignores its token keeps running after the loop gives
+up on it; the token is how it is asked to stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+__all__ = ["CancelToken"]
+
+
+class CancelToken:
+    """A one-way flag: once cancelled it stays cancelled.
+
+    ``deadline`` is a :func:`time.monotonic` instant after which the token also
+    counts as done (``timed_out``); waits never run past it.
+    """
+
+    __slots__ = ("_children", "_deadline", "_event", "_lock", "_reason")
+
+    def __init__(self, *, timeout: float | None = None, deadline: float | None = None) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._children: list[CancelToken] = []
+        self._reason = ""
+        if timeout is not None:
+            at = time.monotonic() + timeout
+            deadline = at if deadline is None else min(deadline, at)
+        self._deadline = deadline
+
+    @property
+    def deadline(self) -> float | None:
+        return self._deadline
+
+    @property
+    def cancelled(self) -> bool:
+        """True once :meth:`cancel` was called (here or on a parent)."""
+        return self._event.is_set()
+
+    @property
+    def timed_out(self) -> bool:
+        return self._deadline is not None and time.monotonic() >= self._deadline
+
+    @property
+    def done(self) -> bool:
+        """Cancelled or past the deadline."""
+        return self._event.is_set() or self.timed_out
+
+    @property
+    def reason(self) -> str:
+        if self._event.is_set():
+            return self._reason or "cancelled"
+        return "deadline exceeded" if self.timed_out else ""
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        with self._lock:
+            if self._event.is_set():
+                return
+            self._reason = reason
+            self._event.set()
+            children, self._children = self._children, []
+        for child in children:
+            child.cancel(reason)
+
+    def wait(self, seconds: float | None = None) -> bool:
+        """Sleep up to ``seconds`` (never past the deadline); True if cancelled meanwhile."""
+        if self._deadline is not None:
+            left = max(0.0, self._deadline - time.monotonic())
+            seconds = left if seconds is None else min(seconds, left)
+        return self._event.wait(seconds)
+
+    def child(self, timeout: float | None = None) -> CancelToken:
+        """A token cancelled with this one, with its own optional timeout."""
+        token = CancelToken(timeout=timeout, deadline=self._deadline)
+        with self._lock:
+            if not self._event.is_set():
+                self._children.append(token)
+                return token
+        token.cancel(self._reason or "cancelled")
+        return token
+
+    def release(self, child: CancelToken) -> None:
+        """Forget a finished child so a long-lived parent does not collect them."""
+        with self._lock, contextlib.suppress(ValueError):
+            self._children.remove(child)
+
+    def __repr__(self) -> str:
+        state = self.reason or "live"
+        return f"CancelToken({state})"

@@ -1,0 +1,139 @@
+"""The driver's resolved configuration, shared by every session it runs.
+
+Built once by :class:`~agentrt.driver.driver.Driver`: tools checked and
+compiled, the policy's identity read and checked, the lease owner named. A
+session reads it and never changes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from agentrt.canonical import policy_json
+from agentrt.driver.agent import Agent
+from agentrt.driver.errors import ConfigError
+from agentrt.driver.lease import WallClock
+from agentrt.driver.model import ModelConfig
+from agentrt.driver.policy import Policy
+from agentrt.driver.tools import RegisteredTool
+from agentrt.events import Event, Observer
+from agentrt.records import Limits, ToolRequest, ToolSpec
+from agentrt.store import Store
+
+if TYPE_CHECKING:
+    from agentrt.driver.recovery import Reconcile
+
+__all__ = [
+    "MAX_POLICY_ID_BYTES",
+    "Core",
+    "check_limits_config",
+    "check_policy_id",
+    "new_id",
+    "safe_observer",
+    "system_now",
+]
+
+MAX_POLICY_ID_BYTES = 256
+_log = logging.getLogger("agentrt")
+
+
+def new_id() -> str:
+    """16 random bytes as 32 lowercase hex characters."""
+    return secrets.token_hex(16)
+
+
+def system_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def safe_observer(observer: Observer | None) -> Observer | None:
+    """An observer whose exception is logged, never raised into a loop whose
+    transaction has already committed."""
+    if observer is None:
+        return None
+
+    def deliver(event: Event) -> None:
+        try:
+            observer(event)
+        except Exception:  # noqa: BLE001 - the record is already durable
+            _log.exception("agentrt: observer failed on event %d (%s)", event.seq, event.type)
+
+    return deliver
+
+
+def check_policy_id(value: Any) -> str:
+    """The policy's identity, refused when too long, not UTF-8 or holding a control character."""
+    if not isinstance(value, str):
+        raise ConfigError(f"policy id is {type(value).__name__}, not a string")
+    try:
+        data = value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError("policy id is not valid UTF-8") from exc
+    if len(data) > MAX_POLICY_ID_BYTES:
+        raise ConfigError(f"policy id is longer than {MAX_POLICY_ID_BYTES} bytes")
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in value):
+        raise ConfigError("policy id contains a control character")
+    return value
+
+
+def check_limits_config(limits: Limits) -> None:
+    for name in ("max_steps", "max_consecutive_tool_failures", "loop_threshold"):
+        if getattr(limits, name) <= 0:
+            raise ConfigError(f"limits: {name} must be positive")
+
+
+@dataclass(slots=True)
+class Core:
+    """Everything a session needs from its driver."""
+
+    store: Store
+    agent: Agent | None
+    policy: Policy
+    policy_id: str
+    tools: dict[str, RegisteredTool]
+    observer: Observer | None
+    now: Callable[[], datetime]
+    wall: WallClock
+    new_id: Callable[[], str]
+    model: ModelConfig | None
+    reconcile: Reconcile | None
+    owner: str
+    lease_ttl: timedelta
+
+    def spec_entries(self) -> list[tuple[ToolSpec, str, bytes]]:
+        """Every registered tool's current spec and recorded form, in name order."""
+        out = []
+        for tool in self.tools.values():
+            spec, spec_hash, text, _ = tool.current()
+            out.append((spec, spec_hash, text))
+        return out
+
+
+_POLICY_FORMS: dict[bytes, bytes] = {}
+
+
+def policy_form(request: ToolRequest) -> ToolRequest:
+    """The request as a policy is handed it: arguments and input schema in policy form.
+
+    The same bytes on every path (loop, resume, recheck); the tool itself is
+    called with the agent's own argument bytes.
+    """
+    spec = request.spec
+    schema = _POLICY_FORMS.get(spec.input_schema)
+    if schema is None:
+        schema = policy_json(spec.input_schema)
+        if len(_POLICY_FORMS) > 256:
+            _POLICY_FORMS.clear()
+        _POLICY_FORMS[spec.input_schema] = schema
+    return ToolRequest(
+        request.run_id,
+        request.step_id,
+        ToolSpec(spec.name, spec.description, schema, spec.side_effect, spec.timeout,
+                 spec.terminal),
+        policy_json(request.args or b"{}"),
+    )

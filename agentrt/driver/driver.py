@@ -1,0 +1,248 @@
+"""The Driver: start a run, resume one, and take the operator's decisions on its clock.
+
+A driver is built once from a store, an agent, a policy and tools, and may run
+many runs (one call per run at a time). ``start`` and ``resume`` block until
+the run pauses for an approval, ends, loses its lease, or the caller's
+:class:`~agentrt.driver.cancel.CancelToken` fires.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+
+import apsw
+
+from agentrt.driver.agent import Agent
+from agentrt.driver.approvals import decide, resume_approved
+from agentrt.driver.cancel import CancelToken
+from agentrt.driver.core import (
+    Core,
+    check_limits_config,
+    check_policy_id,
+    new_id,
+    safe_observer,
+    system_now,
+)
+from agentrt.driver.errors import ConfigError
+from agentrt.driver.lease import Lease, WallClock, lease_owner_id, wall_now
+from agentrt.driver.loop import run_loop
+from agentrt.driver.model import ModelConfig
+from agentrt.driver.operator import cancel_run
+from agentrt.driver.policy import IdentifiedPolicy, Policy
+from agentrt.driver.recovery import Reconcile, recover
+from agentrt.driver.session import ACTIVE, WAITING, Session
+from agentrt.driver.tools import Tool, register_tools
+from agentrt.errors import EncodeError, RunLeasedError, RunStateError
+from agentrt.events import EventType, Observer
+from agentrt.gojson import Raw, dumps, sorted_map
+from agentrt.records import (
+    DEFAULT_LEASE_TTL,
+    Approval,
+    Limits,
+    Run,
+    RunStatus,
+    default_limits,
+)
+from agentrt.store import Store
+from agentrt.store.writes import insert_run
+
+__all__ = ["Driver"]
+
+
+def _ttl(value: timedelta | float | None) -> timedelta:
+    if value is None:
+        return DEFAULT_LEASE_TTL
+    ttl = value if isinstance(value, timedelta) else timedelta(seconds=value)
+    return ttl if ttl > timedelta(0) else DEFAULT_LEASE_TTL
+
+
+class Driver:
+    """Runs an agent's loop against a store, recording every transition.
+
+    ``now`` is the driver's clock for every recorded time (a deterministic
+    consumer keys its records on the sequence of readings); leases always use
+    the wall clock (``wall``, replaceable only for tests).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        agent: Agent | None,
+        policy: Policy,
+        tools: Sequence[Tool] = (),
+        *,
+        observer: Observer | None = None,
+        now: Callable[[], datetime] | None = None,
+        new_id: Callable[[], str] | None = None,
+        model: ModelConfig | None = None,
+        reconcile: Reconcile | None = None,
+        lease_owner: str = "",
+        lease_ttl: timedelta | float = DEFAULT_LEASE_TTL,
+        wall: WallClock | None = None,
+    ) -> None:
+        if store is None:
+            raise ConfigError("store is required")
+        if agent is None:
+            raise ConfigError("agent is required")
+        if policy is None:
+            raise ConfigError("policy is required")
+        if model is not None and model.model is None:
+            raise ConfigError("model config without a model")
+        registered = register_tools(list(tools))
+        policy_id = ""
+        if isinstance(policy, IdentifiedPolicy):
+            policy_id = check_policy_id(policy.policy_id())
+        self._core = Core(
+            store=store,
+            agent=agent,
+            policy=policy,
+            policy_id=policy_id,
+            tools=registered,
+            observer=safe_observer(observer),
+            now=now or system_now,
+            wall=wall or wall_now,
+            new_id=new_id or _default_id,
+            model=model.resolved() if model is not None else None,
+            reconcile=reconcile,
+            owner=lease_owner_id(lease_owner),
+            lease_ttl=_ttl(lease_ttl),
+        )
+        self._lock = threading.Lock()
+        self._live: dict[str, Session] = {}
+
+    @property
+    def owner(self) -> str:
+        """This driver's lease owner id (``<lease_owner>/<12 hex>`` when named)."""
+        return self._core.owner
+
+    @property
+    def store(self) -> Store:
+        return self._core.store
+
+    # -- runs ----------------------------------------------------------------
+
+    def start(self, goal: str, limits: Limits | None = None, run_id: str | None = None,
+              cancel: CancelToken | None = None) -> Run:
+        """Create a run and drive it until it pauses or ends."""
+        core = self._core
+        if run_id is None:
+            run_id = core.new_id()
+        if not run_id:
+            raise ConfigError("run id is required")
+        limits = limits if limits is not None else default_limits()
+        check_limits_config(limits)
+        with self._session(run_id, cancel) as s:
+            return self._finish(s, lambda: self._begin(s, goal, limits))
+
+    def resume(self, run_id: str, cancel: CancelToken | None = None) -> Run:
+        """Continue a run: an approved WAITING run executes its grant; a RUNNING run
+        whose driver stopped is taken over and recovered."""
+        with self._session(run_id, cancel) as s:
+            run = s.reload()
+            if run.status == RunStatus.WAITING_FOR_APPROVAL:
+                return self._finish(s, lambda: self._continue(s, resume_approved, WAITING))
+            if run.status in ACTIVE:
+                return self._finish(s, lambda: self._continue(s, recover, ACTIVE))
+            raise RunStateError(f"run {run_id} is {run.status}, not "
+                                "RUNNING, INTERRUPTED or WAITING_FOR_APPROVAL")
+
+    def _begin(self, s: Session, goal: str, limits: Limits) -> Run:
+        core = self._core
+        now = core.now()
+        wall_at = core.wall()
+        entries = core.spec_entries()
+        run = Run(s.run_id, goal, RunStatus.RUNNING.value, limits, created_at=now,
+                  started_at=now)
+        limits_json = dumps(limits.to_json())
+        with s.tx() as tx:
+            try:
+                insert_run(tx, run, limits_json, core.owner, wall_at + core.lease_ttl)
+            except apsw.ConstraintError as exc:
+                raise ConfigError(f"start run: {exc}") from exc
+            for _, spec_hash, text in entries:
+                s.put_spec(tx, spec_hash, text)
+            s.append(tx, "", now, EventType.RUN_CREATED, sorted_map({
+                "goal": goal,
+                "limits": Raw(limits_json),
+                "tools": [spec_hash for _, spec_hash, _ in entries],
+            }))
+            s.append(tx, "", now, EventType.RUN_STARTED, {})
+        s.lease.start(wall_at)
+        s.steps, s.approvals = [], []
+        return run_loop(s)
+
+    @staticmethod
+    def _continue(s: Session, first: Callable[[Session], Run | None],
+                  from_: tuple[str, ...]) -> Run:
+        try:
+            done = first(s)
+        except EncodeError as exc:
+            return s.fail_internal(str(exc), from_)
+        return done if done is not None else run_loop(s)
+
+    @contextmanager
+    def _session(self, run_id: str, cancel: CancelToken | None) -> Iterator[Session]:
+        """One call's session; a second concurrent call on the same run is refused."""
+        core = self._core
+        with self._lock:
+            live = self._live.get(run_id)
+            if live is not None:
+                raise RunLeasedError(run_id, core.owner, live.lease.expires_at)
+            lease = Lease(core.store, run_id, core.owner, core.lease_ttl, core.wall)
+            s = Session(core, run_id, cancel if cancel is not None else CancelToken(), lease)
+            self._live[run_id] = s
+        try:
+            yield s
+        finally:
+            with self._lock:
+                self._live.pop(run_id, None)
+
+    @staticmethod
+    def _finish(s: Session, body: Callable[[], Run]) -> Run:
+        """Run ``body``; whatever happens, stop the heartbeat, and free the lease at
+        once unless the run paused or ended (which already cleared it)."""
+        result: Run | None = None
+        try:
+            result = body()
+            return result
+        finally:
+            s.lease.stop()
+            s.close()
+            if result is None or not (result.status == RunStatus.WAITING_FOR_APPROVAL
+                                      or RunStatus(result.status).terminal):
+                s.lease.release()
+
+    # -- the operator's decisions, on the driver's clock ----------------------
+
+    def approve(self, run_id: str, approval_id: str, by: str, note: str = "") -> Approval:
+        core = self._core
+        return decide(core.store, core.observer, core.now, run_id, approval_id,
+                      approve=True, by=by, note=note)
+
+    def reject(self, run_id: str, approval_id: str, by: str, note: str = "") -> Approval:
+        core = self._core
+        return decide(core.store, core.observer, core.now, run_id, approval_id,
+                      approve=False, by=by, note=note)
+
+    def approve_shown(self, run_id: str, approval_id: str, shown_hash: str, by: str,
+                      note: str = "") -> Approval:
+        core = self._core
+        return decide(core.store, core.observer, core.now, run_id, approval_id,
+                      approve=True, by=by, note=note, shown_hash=shown_hash)
+
+    def reject_shown(self, run_id: str, approval_id: str, shown_hash: str, by: str,
+                     note: str = "") -> Approval:
+        core = self._core
+        return decide(core.store, core.observer, core.now, run_id, approval_id,
+                      approve=False, by=by, note=note, shown_hash=shown_hash)
+
+    def cancel(self, run_id: str, by: str, note: str = "") -> Run:
+        core = self._core
+        return cancel_run(core.store, core.observer, core.now, run_id, by, note)
+
+
+def _default_id() -> str:
+    return new_id()

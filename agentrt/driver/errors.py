@@ -1,0 +1,113 @@
+"""Errors the loop and its collaborators raise, and the signals tools and models use.
+
+Runtime refusals derive from :class:`agentrt.AgentrtError`. The signals a tool or a
+model adapter raises (:class:`ToolError`, :class:`AbortRun`, :class:`TransientError`,
+:class:`ServedError`) and the errors the model caller hands back to the agent
+(:class:`LimitError`, :class:`ModelUnavailableError`) keep the reference's exact
+``str()`` because the run's recorded detail is that text.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TypeVar
+
+from agentrt.errors import AgentrtError
+from agentrt.records import Usage
+
+__all__ = [
+    "AbortRun",
+    "CancelledError",
+    "ConfigError",
+    "LimitError",
+    "ModelUnavailableError",
+    "ServedError",
+    "ToolError",
+    "TransientError",
+    "UnusableUsageError",
+    "find_cause",
+]
+
+
+class ConfigError(AgentrtError, ValueError):
+    """A driver, tool, limit or call argument the runtime refuses before writing."""
+
+    base = "agentrt"
+
+
+class CancelledError(AgentrtError):
+    """The caller's cancel token fired; what was recorded stays recorded."""
+
+    base = "agentrt: cancelled"
+
+
+class ToolError(Exception):
+    """Raised by a tool to report an expected failure (recorded as ``tool_error``).
+
+    Any other exception a tool raises is recorded as a crash (``<tool> panicked``).
+    """
+
+
+class AbortRun(Exception):
+    """Raised by a tool to end the run as ``tool_abort`` with ``detail``."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(detail)
+
+
+class TransientError(Exception):
+    """A model failure worth retrying (a 429 or 5xx); ``retry_after`` is the
+    provider's Retry-After, honoured up to ``ModelConfig.max_retry_after``."""
+
+    def __init__(self, message: str, retry_after: timedelta | None = None) -> None:
+        self.retry_after = retry_after
+        super().__init__(message)
+
+
+class ServedError(Exception):
+    """The provider served the request and charged ``usage``, then failed it.
+
+    Charged and never retried.
+    """
+
+    def __init__(self, message: str, usage: Usage | None = None) -> None:
+        self.usage = usage if usage is not None else Usage()
+        super().__init__(message)
+
+
+class UnusableUsageError(Exception):
+    """The reply's usage cannot be believed (negative, or cached above input)."""
+
+
+class LimitError(Exception):
+    """A model call would break a run limit; the run ends with ``reason``."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{reason}: {detail}")
+
+
+class ModelUnavailableError(Exception):
+    """The model could not be used; the run ends ``model_unavailable``."""
+
+    def __init__(self, attempts: int, last: BaseException | str) -> None:
+        self.attempts = attempts
+        self.last = last
+        super().__init__(f"model unavailable after {attempts} attempt(s): {last}")
+
+
+E = TypeVar("E", bound=BaseException)
+
+
+def find_cause(exc: BaseException, kind: type[E]) -> E | None:
+    """``exc`` or the first exception of ``kind`` in its ``__cause__`` chain (Go's errors.As)."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, kind):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__
+    return None

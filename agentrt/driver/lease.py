@@ -1,0 +1,112 @@
+"""The run lease: which driver may write a RUNNING run, kept alive by a heartbeat.
+
+A lease is taken in the transaction that moves a run to RUNNING and cleared in
+the one that pauses or ends it. While a session runs, a background thread
+renews it every TTL/3 on the store's lease connection (its own connection for a
+file, so a consumer holding the main one cannot starve it). Expiry is judged by
+the wall clock, never by the driver's configurable clock, because it is
+compared across processes.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import apsw
+
+from agentrt.store import Store
+from agentrt.store.writes import release_lease, renew_lease
+
+__all__ = ["Lease", "WallClock", "lease_owner_id", "wall_now"]
+
+WallClock = Callable[[], datetime]
+
+
+def wall_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def lease_owner_id(name: str) -> str:
+    """A fresh owner id; with a name, ``<name>/<12 hex>`` so two drivers sharing a
+    name are still two owners."""
+    token = secrets.token_hex(16)
+    return f"{name}/{token[:12]}" if name else token
+
+
+class Lease:
+    """One session's hold on one run, and its heartbeat thread."""
+
+    def __init__(
+        self, store: Store, run_id: str, owner: str, ttl: timedelta, wall: WallClock
+    ) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.owner = owner
+        self.ttl = ttl
+        self.wall = wall
+        self._lock = threading.Lock()
+        self._expires: datetime | None = None
+        self._lost = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def expires_at(self) -> datetime | None:
+        return self._expires
+
+    @property
+    def lost(self) -> bool:
+        return self._lost
+
+    def ok(self) -> bool:
+        """Still ours and, by the wall clock, not expired."""
+        with self._lock:
+            return (not self._lost and self._expires is not None
+                    and self.wall() < self._expires)
+
+    def start(self, at: datetime) -> None:
+        """Note a lease just written (``at`` = the wall reading taken before the write)
+        and keep it alive until :meth:`stop`."""
+        with self._lock:
+            self._expires = at + self.ttl
+            self._lost = False
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._stop.clear()
+            self._thread = threading.Thread(
+                target=self._beat, name=f"agentrt-lease-{self.run_id}", daemon=True)
+            self._thread.start()
+
+    def _beat(self) -> None:
+        interval = max(self.ttl.total_seconds() / 3, 0.001)
+        while not self._stop.wait(interval):
+            expires = self.wall() + self.ttl
+            try:
+                with self.store.lease_connection() as conn:
+                    held = renew_lease(conn, self.run_id, self.owner, expires)
+            except apsw.Error:
+                continue  # busy or closed: try again at the next tick
+            with self._lock:
+                if not held:
+                    self._lost = True
+                    return
+                self._expires = expires
+
+    def stop(self) -> None:
+        """Stop the heartbeat and wait for it; safe to call twice."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        self._thread = None
+
+    def release(self) -> None:
+        """Free the run for the next Resume at once, if this owner still holds it."""
+        try:
+            with self.store.lease_connection() as conn:
+                release_lease(conn, self.run_id, self.owner)
+        except apsw.Error:
+            pass  # it expires on its own; the next Resume takes it over

@@ -1,0 +1,115 @@
+"""The limits checked before every step, in the reference's order.
+
+Steps, the consecutive-failure streak, active time, elapsed time (the only
+check that reads the clock, and only when that limit is set), then loop
+detection. The first that trips ends the run; the model limits (calls,
+tokens, cost) are projected by the model caller before each dispatch instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from agentrt.canonical import content_hash
+from agentrt.driver.session import Ending, PreEvent
+from agentrt.events import EventType
+from agentrt.gojson import sorted_map
+from agentrt.records import (
+    DecisionKind,
+    Limits,
+    ObservationKind,
+    Reason,
+    Run,
+    RunStatus,
+    Step,
+    duration_ns,
+)
+from agentrt.timefmt import format_duration
+
+__all__ = ["check_before_step", "failure_streak", "loop_streak"]
+
+
+def failure_streak(steps: list[Step], stop_at: int) -> int:
+    """Trailing steps whose observation is a failure; a step without one breaks it."""
+    n = 0
+    for step in reversed(steps):
+        obs = step.observation
+        if obs is None or not obs.failure:
+            break
+        n += 1
+        if n >= stop_at:
+            break
+    return n
+
+
+def _signature(step: Step, args_hashes: dict[str, str]) -> tuple[str, str, str] | None:
+    d, obs = step.decision, step.observation
+    if d is None or d.kind != DecisionKind.TOOL_CALL or obs is None:
+        return None
+    if obs.kind == ObservationKind.INVALID_DECISION:
+        return None
+    args_hash = args_hashes.get(step.id)
+    if args_hash is None:
+        args_hash = args_hashes[step.id] = content_hash(d.args or b"{}")
+    return d.tool, args_hash, obs.content_hash
+
+
+def loop_streak(steps: list[Step], stop_at: int,
+                args_hashes: dict[str, str]) -> tuple[int, tuple[str, str, str] | None]:
+    """How many trailing steps made the same call and got the same observation."""
+    first: tuple[str, str, str] | None = None
+    n = 0
+    for step in reversed(steps):
+        sig = _signature(step, args_hashes)
+        if sig is None or (first is not None and sig != first):
+            break
+        first = sig
+        n += 1
+        if n >= stop_at:
+            break
+    return n, first
+
+
+def _failed(reason: Reason, detail: str, limit: bool = True) -> Ending:
+    return Ending(RunStatus.FAILED.value, reason.value, detail, limit=limit)
+
+
+def check_before_step(
+    run: Run, steps: list[Step], now: Callable[[], datetime], args_hashes: dict[str, str]
+) -> tuple[Ending, list[PreEvent]] | None:
+    """The ending the limits call for before the next step, or None to go on."""
+    limits: Limits = run.limits
+    if run.step_count >= limits.max_steps:
+        return _failed(Reason.LIMIT_STEPS, f"step limit {limits.max_steps} reached"), []
+    streak = failure_streak(steps, limits.max_consecutive_tool_failures)
+    if streak >= limits.max_consecutive_tool_failures:
+        return _failed(Reason.REPEATED_TOOL_FAILURES, f"{streak} consecutive failed steps"), []
+    max_active = limits.max_active_time
+    if max_active > timedelta(0) and timedelta(milliseconds=run.active_ms) >= max_active:
+        return _failed(
+            Reason.LIMIT_ACTIVE_TIME,
+            f"active time {format_duration(run.active_ms * 1_000_000)} reached limit "
+            f"{format_duration(duration_ns(max_active))}"), []
+    max_elapsed = limits.max_elapsed_time
+    if max_elapsed > timedelta(0):
+        at = now()
+        if run.created_at is not None and at - run.created_at >= max_elapsed:
+            return _failed(
+                Reason.LIMIT_ELAPSED_TIME,
+                f"elapsed time reached limit {format_duration(duration_ns(max_elapsed))}"), []
+    repeats, sig = loop_streak(steps, limits.loop_threshold, args_hashes)
+    if sig is not None and repeats >= limits.loop_threshold:
+        at = now()
+        tool, args_hash, obs_hash = sig
+        pre = PreEvent("", at, EventType.LOOP_DETECTED.value, sorted_map({
+            "args_hash": args_hash,
+            "observation_hash": obs_hash,
+            "repeats": repeats,
+            "tool": tool,
+        }))
+        ending = _failed(Reason.LOOP_DETECTED,
+                         f"{tool} produced the same observation {repeats} times in a row",
+                         limit=False)
+        return ending, [pre]
+    return None

@@ -1,0 +1,518 @@
+"""The step loop: limits, start, decide, validate, ask the policy, execute, record.
+
+An ordinary step is four transactions: (1) the step starts, (2) the decision
+is recorded before it is validated (so a malformed request is in the log
+verbatim), (3) the policy's ruling commits with the tool's start (so the
+runtime cannot act without the event that says it did), (4) the outcome. An
+invalid decision, a denial, a pause, a completion or a failure is three.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+from typing import Any
+
+from agentrt.canonical import check_json
+from agentrt.driver.agent import StepInput
+from agentrt.driver.core import policy_form
+from agentrt.driver.errors import CancelledError, LimitError, ModelUnavailableError, find_cause
+from agentrt.driver.limits import check_before_step
+from agentrt.driver.model import ModelCaller
+from agentrt.driver.policy import RunView
+from agentrt.driver.session import (
+    RUNNING,
+    WAITING,
+    Ending,
+    PreEvent,
+    Session,
+    StepEnd,
+    encode,
+    observation,
+)
+from agentrt.driver.snapshot import Snapshot, copy_run
+from agentrt.driver.stored import evolve
+from agentrt.driver.toolrun import ToolOutcome, run_tool
+from agentrt.driver.tools import check_args
+from agentrt.errors import EncodeError, LeaseLostError, RunLeasedError, RunStateError
+from agentrt.events import EventType
+from agentrt.gojson import Raw, encode_string, sorted_map
+from agentrt.records import (
+    Approval,
+    Decision,
+    DecisionKind,
+    ObservationKind,
+    PolicyDecision,
+    PolicyOutcome,
+    Reason,
+    Run,
+    RunStatus,
+    Step,
+    StepStatus,
+    ToolRequest,
+    ToolSpec,
+    approval_hash,
+)
+from agentrt.store.writes import check_run, start_step, transition
+
+__all__ = ["apply", "evaluate", "run_loop"]
+
+DECIDING = (StepStatus.DECIDING.value,)
+EXECUTING = (StepStatus.EXECUTING.value,)
+_ORIGINS = frozenset(("", "model", "plan", "operator"))
+SpecEntry = tuple[str, bytes]
+Current = tuple[ToolSpec, str, bytes, Any]
+
+
+def _q(text: str) -> str:
+    return encode_string(text, html=False)
+
+
+def run_loop(s: Session) -> Run:
+    """Step until the run pauses or ends; return it as it then stands."""
+    while True:
+        try:
+            result = _iteration(s)
+        except EncodeError as exc:
+            return s.fail_internal(str(exc), RUNNING)
+        except (RunStateError, LeaseLostError) as exc:
+            return s.lost(exc)
+        if result is not None:
+            return result
+
+
+def _iteration(s: Session) -> Run | None:
+    s.check_cancel()
+    run = s.reload()
+    if run.status != RunStatus.RUNNING:
+        return run
+    if not s.lease.ok():
+        return s.lost(None)
+    if s.steps is None:
+        problem = s.load()
+        if problem:
+            return s.fail_internal(problem, RUNNING)
+    assert s.steps is not None
+    stop = check_before_step(run, s.steps, s.core.now, s.signatures)
+    if stop is not None:
+        ending, pre = stop
+        return s.settle(RUNNING, ending, pre=pre)
+    step = _start_step(s, run)
+    return _decide(s, run, step)
+
+
+def _start_step(s: Session, run: Run) -> Step:
+    core = s.core
+    now = core.now()
+    index = run.step_count
+    step = Step(core.new_id(), s.run_id, index, StepStatus.DECIDING.value, started_at=now)
+    with s.tx() as tx:
+        start_step(tx, s.run_id, index, core.owner)
+        stored = s.write_step(tx, step, None)
+        s.append(tx, step.id, now, EventType.STEP_STARTED, {"index": index})
+    run.step_count += 1
+    return stored
+
+
+def _decide(s: Session, run: Run, step: Step) -> Run | None:
+    core = s.core
+    assert core.agent is not None and s.steps is not None
+    model = None
+    if core.model is not None:
+        model = ModelCaller(
+            config=core.model, store=core.store, run_id=s.run_id, step_id=step.id,
+            step_started_at=step.started_at, owner=core.owner, lease=s.lease, now=core.now,
+            wall=core.wall, new_id=core.new_id, observer=core.observer, cancel=s.cancel)
+    current: dict[str, Current | ValueError] = {}
+    for name, registered in core.tools.items():
+        try:
+            current[name] = registered.current()
+        except ValueError as exc:  # the tool now states a spec it cannot compile
+            current[name] = exc
+    given = StepInput(
+        run=copy_run(run),
+        steps=Snapshot(s.steps[:step.index]),
+        approvals=Snapshot(s.approvals or ()),
+        tools=[copy.copy(c[0]) for c in current.values() if not isinstance(c, ValueError)],
+        model=model,
+        cancel=s.cancel,
+    )
+    try:
+        decision = core.agent.decide(given)
+    except Exception as exc:  # noqa: BLE001 - recorded as agent_error (or the limit it hit)
+        return _agent_failed(s, step, exc)
+    if not isinstance(decision, Decision):
+        err = TypeError(f"the agent returned {type(decision).__name__}, not a Decision")
+        return _agent_failed(s, step, err)
+    return _propose(s, run, step, decision, current)
+
+
+def _agent_failed(s: Session, step: Step, exc: Exception) -> Run | None:
+    if s.cancel.cancelled:
+        raise CancelledError(s.cancel.reason) from exc
+    lost = find_cause(exc, LeaseLostError)
+    if lost is not None or not s.lease.ok():
+        return s.lost(lost or exc)
+    limit = find_cause(exc, LimitError)
+    if limit is not None:
+        reason = limit.reason
+    elif find_cause(exc, ModelUnavailableError) is not None:
+        reason = Reason.MODEL_UNAVAILABLE.value
+    else:
+        reason = Reason.AGENT_ERROR.value
+    text = str(exc) or type(exc).__name__
+    end = StepEnd(evolve(step, status=StepStatus.FAILED.value), DECIDING,
+                  detail=f"agent error: {text}")
+    ending = Ending(RunStatus.FAILED.value, reason, text,
+                    limit=reason != Reason.AGENT_ERROR.value)
+    return s.settle(RUNNING, ending, end=end)
+
+
+# -- the decision --------------------------------------------------------------
+
+
+def _as_bytes(v: bytes | str | None) -> bytes | None:
+    if v is None:
+        return None
+    data = v.encode("utf-8", "surrogatepass") if isinstance(v, str) else v
+    return data if data.strip() else None
+
+
+def _out_of_band(data: bytes, as_base64: bool) -> str:
+    return base64.b64encode(data).decode("ascii") if as_base64 else data.decode("utf-8")
+
+
+def _normalise(decision: Decision) -> tuple[Decision, Decision, str | None]:
+    """(the decision with blank values absent, its recorded form, the args' JSON problem).
+
+    Arguments or a result that are not usable JSON are kept out of band, as text
+    (base64 for both when either is not UTF-8), so the log holds them verbatim.
+    """
+    args, result = _as_bytes(decision.args), _as_bytes(decision.result)
+    d = decision
+    original = Decision(d.kind, d.tool, args, d.reason, result, d.message, d.origin,
+                        d.invalid_args, d.invalid_result, d.invalid_base64)
+    recorded = Decision(d.kind, d.tool, args, d.reason, result, d.message, d.origin)
+    args_problem = check_json(args) if args is not None else None
+    result_problem = check_json(result) if result is not None else None
+    bad = [b for b, p in ((args, args_problem), (result, result_problem))
+           if b is not None and p is not None]
+    if bad:
+        as_b64 = False
+        for b in bad:
+            try:
+                b.decode("utf-8")
+            except UnicodeDecodeError:
+                as_b64 = True
+        if args is not None and args_problem is not None:
+            recorded.invalid_args = _out_of_band(args, as_b64)
+            recorded.args = None
+        if result is not None and result_problem is not None:
+            recorded.invalid_result = _out_of_band(result, as_b64)
+            recorded.result = None
+        recorded.invalid_base64 = as_b64
+    return original, recorded, args_problem
+
+
+def _invalid(d: Decision, validator: Any, args_problem: str | None, spec_problem: str,
+             registered: bool) -> str | None:
+    if d.origin not in _ORIGINS:
+        return f"unknown decision origin {_q(d.origin)}"
+    kind = d.kind
+    if kind == DecisionKind.COMPLETE:
+        if d.result is not None:
+            problem = check_json(d.result)
+            if problem is not None:
+                return f"result is not usable JSON: {problem}"
+        return None
+    if kind == DecisionKind.FAIL:
+        return None
+    if kind == DecisionKind.TOOL_CALL:
+        if not d.tool:
+            return "tool_call without a tool name"
+        if not registered:
+            return f"unknown tool {_q(d.tool)}"
+        if spec_problem:
+            return spec_problem
+        if args_problem is not None:
+            return f"arguments are not usable JSON: {args_problem}"
+        return check_args(validator, d.args, checked=True)
+    if kind == "":
+        return "decision has no kind"
+    if kind == DecisionKind.TRUNCATED:
+        return "the reply was cut off by the output cap before a tool call"
+    if kind == DecisionKind.NO_TOOL_CALL:
+        return "the reply contained no tool call"
+    return f"unknown decision kind {_q(kind)}"
+
+
+def _propose(s: Session, run: Run, step: Step, decision: Decision,
+             current: dict[str, Current | ValueError]) -> Run | None:
+    core = s.core
+    original, recorded, args_problem = _normalise(decision)
+    found = current.get(original.tool) if original.kind == DecisionKind.TOOL_CALL else None
+    spec: ToolSpec | None = None
+    validator: Any = None
+    entry: SpecEntry = ("", b"")
+    spec_problem = ""
+    if isinstance(found, ValueError):
+        spec_problem = f"tool {_q(original.tool)}: {found}"
+    elif found is not None:
+        spec, spec_hash, text, validator = found
+        entry = (spec_hash, text)
+    now = core.now()
+    new = evolve(step, decision=recorded, spec_hash=entry[0])
+    with s.tx() as tx:
+        stored = s.write_step(tx, new, DECIDING, running=True)
+        s.put_spec(tx, *entry)
+        s.append(tx, step.id, now, EventType.STEP_DECIDED, s.decision_json().encode("utf-8"))
+    problem = _invalid(original, validator, args_problem, spec_problem, found is not None)
+    if problem is not None:
+        obs = observation(ObservationKind.INVALID_DECISION.value, {"error": problem},
+                          f"invalid decision: {problem}")
+        s.end_step(StepEnd(evolve(stored, status=StepStatus.FAILED.value, observation=obs),
+                           DECIDING, detail=obs.summary))
+        return None
+    done = StepEnd(evolve(stored, status=StepStatus.DONE.value), DECIDING)
+    if original.kind == DecisionKind.COMPLETE:
+        return s.settle(RUNNING, Ending(RunStatus.COMPLETED.value, Reason.GOAL_COMPLETED.value,
+                                        result=original.result or b""), end=done)
+    if original.kind == DecisionKind.FAIL:
+        return s.settle(RUNNING, Ending(RunStatus.FAILED.value, Reason.GOAL_FAILED.value,
+                                        original.message), end=done)
+    assert spec is not None
+    request = ToolRequest(s.run_id, step.id, spec, original.args or b"{}")
+    view = s.view(run, step.index)
+    pd, perr = evaluate(s, request, view)
+    return apply(s, stored, DECIDING, request, pd, perr, view, entry)
+
+
+def evaluate(s: Session, request: ToolRequest, view: RunView,
+             ) -> tuple[PolicyDecision | None, BaseException | None]:
+    """Ask the policy about the request in policy form; its exception is a policy error."""
+    try:
+        pd = s.core.policy.evaluate(policy_form(request), view)
+    except Exception as exc:  # noqa: BLE001 - a policy error fails the run, not the driver
+        return None, exc
+    if not isinstance(pd, PolicyDecision):
+        return None, TypeError(f"the policy returned {type(pd).__name__}, not a PolicyDecision")
+    return pd, None
+
+
+# -- the policy's ruling -------------------------------------------------------
+
+
+def policy_event(pd: PolicyDecision, policy_id: str, spec_hash: str,
+                 view: RunView | None) -> bytes:
+    """``step.policy``: the decision, then the policy's identity, the spec it judged,
+    and a summary of the view it was shown."""
+    out = pd.to_json()
+    if policy_id:
+        out["policy_id"] = policy_id
+    if spec_hash:
+        out["spec_hash"] = spec_hash
+    if view is not None:
+        r = view.run
+        out["view"] = {
+            "status": r.status,
+            "step_count": r.step_count,
+            "model_calls": r.model_calls,
+            "input_tokens": r.usage.input_tokens,
+            "output_tokens": r.usage.output_tokens,
+            "cached_input_tokens": r.usage.cached_input_tokens,
+            "estimated_cost_micros": r.estimated_cost_micros,
+            "active_ms": r.active_ms,
+            "steps": len(view.steps),
+            "approvals": len(view.approvals),
+        }
+    return encode(out)
+
+
+def _same_grant(pd: PolicyDecision, request: ToolRequest, grant: Approval) -> bool:
+    try:
+        digest = approval_hash(pd.kind, pd.capability, pd.presentation, request)
+    except (ValueError, TypeError) as exc:
+        raise EncodeError(f"approval hash: {exc}") from exc
+    return digest == grant.hash
+
+
+def apply(
+    s: Session,
+    step: Step,
+    expected: tuple[str, ...],
+    request: ToolRequest,
+    pd: PolicyDecision | None,
+    perr: BaseException | None,
+    view: RunView,
+    entry: SpecEntry,
+    grant: Approval | None = None,
+    resumed_at: Any = None,
+) -> Run | None:
+    """Act on the policy's ruling; shared by the loop and by an approved resume."""
+    core = s.core
+    from_ = WAITING if grant is not None else RUNNING
+    step = evolve(step, policy_id=core.policy_id)
+    if grant is not None:
+        step = evolve(step, started_at=resumed_at)  # the approval wait is not active time
+    if perr is not None or pd is None:
+        text = str(perr) or type(perr).__name__
+        end = StepEnd(evolve(step, status=StepStatus.FAILED.value), expected,
+                      detail=f"policy error: {text}")
+        return s.settle(from_, Ending(RunStatus.FAILED.value, Reason.INTERNAL_ERROR.value,
+                                      f"policy: {text}"), end=end)
+    policy_at = resumed_at if grant is not None else core.now()
+    for name, part in (("capability", pd.capability), ("presentation", pd.presentation)):
+        problem = check_json(part) if part is not None and part.strip() else None
+        if problem is not None:
+            reduced = PolicyDecision(pd.outcome, pd.reason, pd.kind)
+            detail = f"policy: {name} is not usable JSON: {problem}"
+            reduced_event = PreEvent(step.id, policy_at, EventType.STEP_POLICY.value,
+                                     policy_event(reduced, core.policy_id, entry[0], view))
+            end = StepEnd(evolve(step, policy=reduced, status=StepStatus.FAILED.value),
+                          expected, detail=detail)
+            return s.settle(from_, Ending(RunStatus.FAILED.value, Reason.INTERNAL_ERROR.value,
+                                          detail), end=end, pre=[reduced_event],
+                            spec_entry=entry)
+    step = evolve(step, policy=pd)
+    event = policy_event(pd, core.policy_id, entry[0], view)
+    outcome = pd.outcome
+    tool = request.spec.name
+    if outcome == PolicyOutcome.ALLOW or (
+            grant is not None and outcome == PolicyOutcome.REQUIRE_APPROVAL
+            and _same_grant(pd, request, grant)):
+        return execute(s, step, expected, request, event, policy_at, entry, grant)
+    if outcome == PolicyOutcome.DENY:
+        suffix = " on resume" if grant is not None else ""
+        obs = observation(ObservationKind.POLICY_DENIED.value, {"reason": pd.reason, "tool": tool},
+                          f"denied{suffix}: {pd.reason}")
+        end = StepEnd(evolve(step, status=StepStatus.FAILED.value, observation=obs), expected,
+                      detail=obs.summary)
+        _end_with_policy(s, end, event, policy_at, entry, grant, resumed_at)
+        return None
+    pre = [PreEvent(step.id, policy_at, EventType.STEP_POLICY.value, event)]
+    if outcome == PolicyOutcome.ABORT:
+        obs = observation(ObservationKind.POLICY_DENIED.value, {"reason": pd.reason, "tool": tool},
+                          f"aborted: {pd.reason}")
+        end = StepEnd(evolve(step, status=StepStatus.FAILED.value, observation=obs), expected,
+                      detail=obs.summary)
+        return s.settle(from_, Ending(RunStatus.FAILED.value, Reason.POLICY_ABORT.value,
+                                      pd.reason), end=end, pre=pre, spec_entry=entry)
+    if outcome == PolicyOutcome.REQUIRE_APPROVAL:
+        return s.pause(step, expected, request, pd, event, policy_at, from_, entry)
+    end = StepEnd(evolve(step, status=StepStatus.FAILED.value), expected,
+                  detail="unknown policy outcome")
+    return s.settle(from_, Ending(RunStatus.FAILED.value, Reason.INTERNAL_ERROR.value,
+                                  f"unknown policy outcome {_q(outcome)}"),
+                    end=end, pre=pre, spec_entry=entry)
+
+
+def resume_run(s: Session, grant: Approval, resumed_at: Any, wall_at: Any, tx: Any) -> None:
+    """Inside a transaction: the approved WAITING run becomes RUNNING under this
+    session's lease, with ``run.resumed`` naming the grant."""
+    transition(tx, s.run_id, WAITING, RunStatus.RUNNING.value, lease_owner=s.core.owner,
+               lease_expires=wall_at + s.core.lease_ttl)
+    s.append(tx, grant.step_id, resumed_at, EventType.RUN_RESUMED, {"approval_id": grant.id})
+
+
+def _end_with_policy(s: Session, end: StepEnd, event: bytes, policy_at: Any, entry: SpecEntry,
+                     grant: Approval | None, resumed_at: Any) -> None:
+    """A denial: ``step.policy`` and the failed step in one transaction (which, on
+    resume, also moves the run back to RUNNING)."""
+    core = s.core
+    step_at = core.now()
+    wall_at = core.wall()
+    with s.tx() as tx:
+        if grant is not None:
+            resume_run(s, grant, resumed_at, wall_at, tx)
+        s.put_spec(tx, *entry)
+        s.append(tx, end.step.id, policy_at, EventType.STEP_POLICY, event)
+        s.end_in_tx(tx, end, step_at, running=grant is None)
+    if grant is not None:
+        s.lease.start(wall_at)
+
+
+# -- the tool ------------------------------------------------------------------
+
+
+def execute(s: Session, step: Step, expected: tuple[str, ...], request: ToolRequest,
+            event: bytes, policy_at: Any, entry: SpecEntry, grant: Approval | None) -> Run | None:
+    """Commit the ruling with the tool's start, run the tool, record what came of it."""
+    core = s.core
+    wall_at = core.wall()
+    start_at = core.now() if grant is not None else policy_at
+    executing = evolve(step, status=StepStatus.EXECUTING.value, started_at=start_at
+                        if grant is not None else step.started_at)
+    started: dict[str, Any] = (
+        {"args": Raw(request.args), "tool": request.spec.name} if grant is None
+        else {"approval_id": grant.id, "args": Raw(request.args), "tool": request.spec.name})
+    with s.tx() as tx:
+        if grant is not None:
+            resume_run(s, grant, policy_at, wall_at, tx)
+        else:
+            check_run(tx, s.run_id, RUNNING, owner=core.owner, live_at=wall_at)
+        stored = s.write_step(tx, executing, expected)
+        s.put_spec(tx, *entry)
+        s.append(tx, step.id, policy_at, EventType.STEP_POLICY, event)
+        s.append(tx, step.id, start_at, EventType.STEP_TOOL_STARTED, started)
+    if grant is not None:
+        s.lease.start(wall_at)
+    tool = core.tools[request.spec.name].tool
+    outcome = run_tool(s.worker, tool, request.spec, s.run_id, step.id, request.args, s.cancel)
+    return _record_tool(s, stored, request.spec, outcome)
+
+
+def _record_tool(s: Session, step: Step, spec: ToolSpec, outcome: ToolOutcome) -> Run | None:
+    """Record the outcome whatever the caller's cancellation says; after an
+    operator's cancel, append it late instead."""
+    obs = outcome.observation
+    failed = obs.failure
+    end = StepEnd(
+        evolve(step, status=StepStatus.FAILED.value if failed else StepStatus.DONE.value,
+                observation=obs),
+        EXECUTING, detail=obs.summary if failed else "", tool=spec.name,
+        duration_ms=outcome.duration_ms)
+    result: Run | None = None
+    try:
+        if outcome.abort is not None:
+            result = s.settle(RUNNING, Ending(RunStatus.FAILED.value, Reason.TOOL_ABORT.value,
+                                              outcome.abort), end=end, detached=True)
+        elif spec.terminal and not failed:
+            result = s.settle(RUNNING, Ending(RunStatus.COMPLETED.value,
+                                              Reason.GOAL_COMPLETED.value,
+                                              f"terminal tool {spec.name}",
+                                              result=outcome.content), end=end, detached=True)
+        else:
+            s.end_step(end, detached=True)
+    except RunLeasedError as exc:
+        raise LeaseLostError(exc.detail) from exc
+    except RunStateError as exc:
+        late = _record_late(s, step, spec, outcome)
+        return late if late is not None else s.lost(exc)
+    if outcome.cancelled:
+        raise CancelledError(s.cancel.reason)
+    return result
+
+
+def _record_late(s: Session, step: Step, spec: ToolSpec, outcome: ToolOutcome) -> Run | None:
+    """An operator cancelled the run while the tool ran: the run stays cancelled and
+    the step keeps what the cancel wrote, and the tool's outcome is appended after
+    ``run.finished`` as a late ``step.tool_finished``."""
+    core = s.core
+    obs = outcome.observation
+    at = core.now()
+    payload: dict[str, Any] = {
+        "duration_ms": outcome.duration_ms,
+        "late": True,
+        "observation": Raw(encode(obs.to_json())),
+        "tool": spec.name,
+    }
+    if obs.kind == ObservationKind.TOOL_RESULT:
+        payload["summary"] = obs.summary
+        payload["content_hash"] = obs.content_hash
+    with core.store.tx(core.observer) as tx:
+        row = tx.one("SELECT status, reason FROM runs WHERE id = ?", (s.run_id,))
+        if row is None or (str(row[0]), str(row[1])) != (
+                RunStatus.CANCELLED.value, Reason.OPERATOR_CANCELLED.value):
+            return None
+        tx.append(s.run_id, step.id, at, EventType.STEP_TOOL_FINISHED.value, sorted_map(payload))
+    return s.reload()

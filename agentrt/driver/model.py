@@ -1,0 +1,469 @@
+"""Model calls: every attempt is a row, charged, limited before dispatch, retried with care.
+
+The agent gets a :class:`ModelCaller` for its step. Before each attempt the
+caller projects the run's limits (calls, tokens, cost) including other
+attempts in flight, then commits the dispatch (a ``model_calls`` row and
+``model.dispatched``) before the request leaves, and records the outcome
+afterwards whatever the caller's cancellation says. An attempt whose outcome
+is unknown (timeout, dropped connection, cancelled caller) is charged its
+estimate, because the provider may have served it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any, Protocol, runtime_checkable
+
+from agentrt.driver.cancel import CancelToken
+from agentrt.driver.errors import (
+    CancelledError,
+    LimitError,
+    ModelUnavailableError,
+    ServedError,
+    TransientError,
+    UnusableUsageError,
+)
+from agentrt.driver.lease import Lease, WallClock
+from agentrt.driver.worker import call_in_thread
+from agentrt.errors import AgentrtError, LeaseLostError
+from agentrt.events import EventType, Observer
+from agentrt.gojson import dumps, sorted_map
+from agentrt.records import ModelCallStatus, Reason, RunStatus, ToolSpec, Usage
+from agentrt.store import Store
+from agentrt.store.writes import (
+    MAX_INT64,
+    add_model_totals,
+    check_run,
+    finish_model_call,
+    insert_model_call,
+)
+from agentrt.timefmt import format_duration
+
+__all__ = [
+    "Message",
+    "Model",
+    "ModelCaller",
+    "ModelConfig",
+    "ModelRequest",
+    "ModelResponse",
+    "Price",
+    "ToolUse",
+    "cost_micros",
+    "estimate_input_tokens",
+]
+
+_NO_CAP = (
+    "the request sets no output cap, so it cannot be projected; set MaxOutputTokens or "
+    "Limits.MaxOutputTokensPerCall"
+)
+
+
+@dataclass(slots=True)
+class Message:
+    role: str
+    content: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"role": self.role, "content": self.content}
+
+
+@dataclass(slots=True)
+class ModelRequest:
+    """What the agent asks the model."""
+
+    messages: list[Message] = field(default_factory=list)
+    system: str = ""
+    tools: list[ToolSpec] = field(default_factory=list)
+    max_output_tokens: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.system:
+            out["system"] = self.system
+        out["messages"] = [m.to_json() for m in self.messages]
+        if self.tools:
+            out["tools"] = [t.to_json() for t in self.tools]
+        if self.max_output_tokens:
+            out["max_output_tokens"] = self.max_output_tokens
+        return out
+
+
+@dataclass(slots=True)
+class ToolUse:
+    """A tool call the model asked for; ``input`` is raw JSON."""
+
+    id: str
+    name: str
+    input: bytes
+
+
+@dataclass(slots=True)
+class ModelResponse:
+    text: str = ""
+    tool_uses: list[ToolUse] = field(default_factory=list)
+    stop_reason: str = ""
+    usage: Usage = field(default_factory=Usage)
+    raw: bytes | None = None
+
+
+@runtime_checkable
+class Model(Protocol):
+    """A model adapter. ``generate`` should give up when ``cancel`` is done."""
+
+    def name(self) -> str: ...
+
+    def generate(self, request: ModelRequest, cancel: CancelToken) -> ModelResponse: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """Micros per million tokens."""
+
+    input: int = 0
+    output: int = 0
+    cached_input: int = 0
+
+
+@dataclass(slots=True)
+class ModelConfig:
+    """The model and how calls to it are charged, timed and retried.
+
+    ``max_retries`` is 0 by default: no retry unless asked for.
+    """
+
+    model: Model | None
+    prices: Mapping[str, Price] = field(default_factory=dict)
+    call_timeout: timedelta = timedelta(minutes=2)
+    max_retries: int = 0
+    backoff: timedelta = timedelta(seconds=1)
+    max_retry_after: timedelta = timedelta(minutes=1)
+
+    def resolved(self) -> ModelConfig:
+        """Zero values replaced by the defaults."""
+        return replace(
+            self,
+            call_timeout=self.call_timeout if self.call_timeout > timedelta(0)
+            else timedelta(minutes=2),
+            max_retries=max(self.max_retries, 0),
+            backoff=self.backoff if self.backoff > timedelta(0) else timedelta(seconds=1),
+            max_retry_after=self.max_retry_after if self.max_retry_after > timedelta(0)
+            else timedelta(minutes=1),
+        )
+
+
+def estimate_input_tokens(request: ModelRequest) -> int:
+    """A conservative estimate: a token per three bytes of the request's JSON, plus one."""
+    return len(dumps(request.to_json())) // 3 + 1
+
+
+def _term(tokens: int, price: int) -> int:
+    v = tokens * price // 1_000_000
+    return max(0, min(v, MAX_INT64))
+
+
+def cost_micros(price: Price | None, usage: Usage) -> int:
+    """The charge for ``usage`` at ``price`` (0 for an unpriced model), saturating."""
+    if price is None:
+        return 0
+    total = (
+        _term(usage.input_tokens - usage.cached_input_tokens, price.input)
+        + _term(usage.cached_input_tokens, price.cached_input)
+        + _term(usage.output_tokens, price.output)
+    )
+    return min(total, MAX_INT64)
+
+
+def _unusable(usage: Usage) -> str:
+    if usage.input_tokens < 0 or usage.output_tokens < 0 or usage.cached_input_tokens < 0:
+        return "a token count is negative"
+    if usage.cached_input_tokens > usage.input_tokens:
+        return "more cached input tokens than input tokens"
+    return ""
+
+
+_CONNECTION_LOST = (ConnectionError, EOFError, TimeoutError, http.client.IncompleteRead)
+
+
+@dataclass(slots=True)
+class _Reservation:
+    tokens: int
+    cost: int
+
+
+@dataclass(slots=True)
+class _Attempt:
+    status: str
+    usage: Usage
+    cost: int
+    error: str
+    response: ModelResponse | None = None
+    retry: bool = False
+    raise_: BaseException | None = None
+    retry_after: timedelta | None = None
+
+
+class ModelCaller:
+    """The model as one step's agent sees it; safe to call from several threads."""
+
+    def __init__(
+        self,
+        *,
+        config: ModelConfig,
+        store: Store,
+        run_id: str,
+        step_id: str,
+        step_started_at: datetime | None,
+        owner: str,
+        lease: Lease,
+        now: Callable[[], datetime],
+        wall: WallClock,
+        new_id: Callable[[], str],
+        observer: Observer | None,
+        cancel: CancelToken,
+    ) -> None:
+        assert config.model is not None
+        self._config = config
+        self._model = config.model
+        self._name = config.model.name()
+        self._price = config.prices.get(self._name)
+        self._store = store
+        self._run_id = run_id
+        self._step_id = step_id
+        self._step_started_at = step_started_at
+        self._owner = owner
+        self._lease = lease
+        self._now = now
+        self._wall = wall
+        self._new_id = new_id
+        self._observer = observer
+        self._cancel = cancel
+        self._lock = threading.Lock()
+        self._inflight: list[_Reservation] = []
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def generate(self, request: ModelRequest) -> ModelResponse:
+        """Call the model, retrying what is worth retrying.
+
+        Raises LimitError before a dispatch that would break a limit,
+        ModelUnavailableError when the model cannot be used, LeaseLostError when
+        the run is no longer this driver's, CancelledError when the caller cancels.
+        """
+        run = self._store.get_run(self._run_id)
+        cap = request.max_output_tokens
+        per_call = run.limits.max_output_tokens_per_call
+        if per_call > 0 and (cap <= 0 or cap > per_call):
+            request = replace(request, max_output_tokens=per_call)
+            cap = per_call
+        estimate = Usage(estimate_input_tokens(request), max(cap, 0))
+        estimate_cost = cost_micros(self._price, estimate)
+        attempts = self._config.max_retries + 1
+        last = ""
+        for attempt in range(1, attempts + 1):
+            if self._cancel.cancelled:
+                raise CancelledError(self._cancel.reason)
+            if not self._lease.ok():
+                raise LeaseLostError(f"run {self._run_id}: the lease is no longer held")
+            reservation = self._reserve(cap, estimate, estimate_cost)
+            try:
+                outcome = self._attempt(attempt, request, estimate, estimate_cost)
+            finally:
+                with self._lock:
+                    self._inflight.remove(reservation)
+            if outcome.response is not None and outcome.raise_ is None:
+                return outcome.response
+            if outcome.raise_ is not None:
+                raise outcome.raise_
+            last = outcome.error
+            if attempt == attempts:
+                break
+            wait = self._retry_wait(attempt, outcome)
+            if wait is None:
+                raise ModelUnavailableError(attempt, last)
+            if self._cancel.wait(wait.total_seconds()):
+                raise CancelledError(self._cancel.reason)
+        raise ModelUnavailableError(attempts, last)
+
+    # -- limits --------------------------------------------------------------
+
+    def _reserve(self, cap: int, estimate: Usage, estimate_cost: int) -> _Reservation:
+        with self._lock:
+            run = self._store.get_run(self._run_id)
+            limits = run.limits
+            calls = run.model_calls + len(self._inflight)
+            tokens = run.usage.input_tokens + run.usage.output_tokens + sum(
+                r.tokens for r in self._inflight)
+            cost = run.estimated_cost_micros + sum(r.cost for r in self._inflight)
+            if limits.max_model_calls > 0 and calls >= limits.max_model_calls:
+                raise LimitError(Reason.LIMIT_MODEL_CALLS.value,
+                                 f"{calls} model calls made, limit {limits.max_model_calls}")
+            if cap <= 0:
+                if limits.max_total_tokens > 0:
+                    raise LimitError(Reason.LIMIT_TOKENS.value, _NO_CAP)
+                if limits.max_estimated_cost_micros > 0 and self._price is not None:
+                    raise LimitError(Reason.LIMIT_COST.value, _NO_CAP)
+            projected = tokens + estimate.input_tokens + estimate.output_tokens
+            if limits.max_total_tokens > 0 and projected > limits.max_total_tokens:
+                raise LimitError(Reason.LIMIT_TOKENS.value,
+                                 f"projected {projected} tokens, limit {limits.max_total_tokens}")
+            projected_cost = cost + estimate_cost
+            if (limits.max_estimated_cost_micros > 0
+                    and projected_cost > limits.max_estimated_cost_micros):
+                raise LimitError(
+                    Reason.LIMIT_COST.value,
+                    f"projected cost {projected_cost} micros, limit "
+                    f"{limits.max_estimated_cost_micros}")
+            reservation = _Reservation(estimate.input_tokens + estimate.output_tokens,
+                                       estimate_cost)
+            self._inflight.append(reservation)
+            return reservation
+
+    def _retry_wait(self, attempt: int, outcome: _Attempt) -> timedelta | None:
+        """The wait before the next attempt, or None when it cannot usefully be waited."""
+        cfg = self._config
+        wait = cfg.backoff * (1 << (attempt - 1))
+        retry_after = outcome.retry_after
+        if retry_after is not None:
+            if retry_after > cfg.max_retry_after:
+                return None
+            wait = max(wait, retry_after)
+        deadline = self._cancel.deadline
+        if deadline is not None and time.monotonic() + wait.total_seconds() >= deadline:
+            return None
+        run = self._store.get_run(self._run_id)
+        limits = run.limits
+        if limits.max_elapsed_time > timedelta(0) or limits.max_active_time > timedelta(0):
+            now = self._now()
+            if (limits.max_elapsed_time > timedelta(0) and run.created_at is not None
+                    and now + wait - run.created_at >= limits.max_elapsed_time):
+                return None
+            if limits.max_active_time > timedelta(0):
+                active = timedelta(milliseconds=run.active_ms)
+                if self._step_started_at is not None:
+                    active += max(now - self._step_started_at, timedelta(0))
+                if active + wait >= limits.max_active_time:
+                    return None
+        return wait
+
+    # -- one attempt ---------------------------------------------------------
+
+    def _attempt(self, attempt: int, request: ModelRequest, estimate: Usage,
+                 estimate_cost: int) -> _Attempt:
+        call_id = self._new_id()
+        dispatched_at = self._now()
+        try:
+            with self._store.tx(self._observer) as tx:
+                check_run(tx, self._run_id, (RunStatus.RUNNING.value,), owner=self._owner,
+                          live_at=self._wall())
+                insert_model_call(tx, call_id, self._run_id, self._step_id, attempt,
+                                  self._name, dispatched_at)
+                tx.append(self._run_id, self._step_id, dispatched_at,
+                          EventType.MODEL_DISPATCHED.value,
+                          {"attempt": attempt, "call_id": call_id, "model": self._name})
+        except LeaseLostError:
+            raise
+        except AgentrtError as exc:  # another owner, or the run ended under us
+            raise LeaseLostError(f"run {self._run_id}: {exc}") from exc
+        token = self._cancel.child(timeout=self._config.call_timeout.total_seconds())
+        model = self._model
+        try:
+            out = call_in_thread(lambda: model.generate(request, token),
+                                 self._config.call_timeout.total_seconds(),
+                                 f"agentrt-model-{call_id[:8]}")
+        finally:
+            self._cancel.release(token)
+        if out is None:
+            token.cancel("deadline exceeded")
+        completed_at = self._now()
+        latency = max(int((completed_at - dispatched_at) / timedelta(milliseconds=1)), 0)
+        result = self._classify(attempt, out, estimate, estimate_cost)
+        self._record(call_id, attempt, result, latency, completed_at)
+        return result
+
+    def _classify(self, attempt: int, out: Any, estimate: Usage, estimate_cost: int,
+                  ) -> _Attempt:
+        ambiguous = ModelCallStatus.AMBIGUOUS.value
+        error = ModelCallStatus.ERROR.value
+        if out is None:
+            text = (f"no reply within the call timeout of "
+                    f"{format_duration(int(self._config.call_timeout.total_seconds() * 1e9))}")
+            if self._cancel.cancelled:
+                return _Attempt(ambiguous, estimate, estimate_cost, text,
+                                raise_=CancelledError(self._cancel.reason))
+            return _Attempt(ambiguous, estimate, estimate_cost, text, retry=True)
+        exc = out.error
+        if exc is None:
+            response = out.value
+            if not isinstance(response, ModelResponse):
+                text = f"the model returned {type(response).__name__}, not a ModelResponse"
+                return _Attempt(error, Usage(), 0, text,
+                                raise_=ModelUnavailableError(attempt, text))
+            why = _unusable(response.usage)
+            if why:
+                text = f"unusable usage: {why}"
+                return _Attempt(error, estimate, estimate_cost, text,
+                                raise_=ModelUnavailableError(attempt, text))
+            usage = Usage(response.usage.input_tokens, response.usage.output_tokens,
+                          response.usage.cached_input_tokens)
+            done = _Attempt(ModelCallStatus.OK.value, usage, cost_micros(self._price, usage), "",
+                            response=response)
+            if self._cancel.cancelled:
+                done.raise_ = CancelledError(self._cancel.reason)
+            return done
+        text = str(exc)
+        unusable = exc if isinstance(exc, UnusableUsageError) else (
+            exc.__cause__ if isinstance(exc, ServedError)
+            and isinstance(exc.__cause__, UnusableUsageError) else None)
+        if unusable is not None:
+            text = str(unusable)
+            if not text.startswith("unusable usage"):
+                text = f"unusable usage: {text}"
+            return _Attempt(error, estimate, estimate_cost, text,
+                            raise_=ModelUnavailableError(attempt, text))
+        if isinstance(exc, ServedError):
+            usage = exc.usage
+            if _unusable(usage):
+                usage, cost = estimate, estimate_cost
+            else:
+                cost = cost_micros(self._price, usage)
+            return _Attempt(error, usage, cost, text,
+                            raise_=ModelUnavailableError(attempt, text))
+        if self._cancel.cancelled:
+            return _Attempt(ambiguous, estimate, estimate_cost, text,
+                            raise_=CancelledError(self._cancel.reason))
+        if isinstance(exc, _CONNECTION_LOST):
+            return _Attempt(ambiguous, estimate, estimate_cost, text, retry=True)
+        if isinstance(exc, TransientError):
+            return _Attempt(error, Usage(), 0, text, retry=True, retry_after=exc.retry_after)
+        return _Attempt(error, Usage(), 0, text, raise_=ModelUnavailableError(attempt, text))
+
+    def _record(self, call_id: str, attempt: int, result: _Attempt, latency: int,
+                completed_at: datetime) -> None:
+        """Commit the attempt's row, the run totals and its event; never cancelled."""
+        u = result.usage
+        kind = (EventType.MODEL_COMPLETED if result.status == ModelCallStatus.OK
+                else EventType.MODEL_FAILED)
+        payload = sorted_map({
+            "attempt": attempt,
+            "call_id": call_id,
+            "cost_micros": result.cost,
+            "error": result.error,
+            "latency_ms": latency,
+            "model": self._name,
+            "status": result.status,
+            "usage": u.to_json(),
+        })
+        with self._store.tx(self._observer) as tx:
+            finish_model_call(tx, call_id, result.status, u.input_tokens, u.output_tokens,
+                              u.cached_input_tokens, result.cost, latency, result.error,
+                              completed_at)
+            add_model_totals(tx, self._run_id, u.input_tokens, u.output_tokens,
+                             u.cached_input_tokens, result.cost)
+            tx.append(self._run_id, self._step_id, completed_at, kind.value, payload)

@@ -1,0 +1,484 @@
+"""One call's hold on one run: its cached view and every transaction it writes.
+
+A session is what ``Driver.start`` and ``Driver.resume`` run. It keeps the
+run's steps and approvals in memory, updated from the exact rows each write
+stores (so a reload always equals the cache), and writes through a handful
+of primitives: start a step, record a decision, end a step, settle the run,
+pause it, fail it as internal. Each is ONE transaction holding the rows and
+the events that explain them.
+
+Every write to a RUNNING run names this session's lease owner, so a run taken
+over by another process, or cancelled by an operator, refuses the write and
+the loop stops there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from agentrt.canonical import content_hash
+from agentrt.driver.cancel import CancelToken
+from agentrt.driver.core import Core
+from agentrt.driver.errors import CancelledError
+from agentrt.driver.jsonenc import encode
+from agentrt.driver.lease import Lease
+from agentrt.driver.policy import RunView
+from agentrt.driver.stored import (
+    evolve,
+    stored_decision,
+    stored_observation,
+    stored_policy,
+    stored_time,
+)
+from agentrt.driver.worker import Worker
+from agentrt.errors import EncodeError, LeaseLostError, RunLeasedError, RunStateError
+from agentrt.events import EventType
+from agentrt.gojson import Raw, dumps, sorted_map
+from agentrt.records import (
+    Approval,
+    ApprovalStatus,
+    Decision,
+    Observation,
+    ObservationKind,
+    PolicyDecision,
+    Reason,
+    Run,
+    RunStatus,
+    Step,
+    StepStatus,
+    ToolRequest,
+    approval_hash,
+)
+from agentrt.store.rows import approval_from_row
+from agentrt.store.tx import Tx
+from agentrt.store.writes import (
+    add_active_ms,
+    check_run,
+    fail_open_steps,
+    insert_approval,
+    insert_step,
+    put_tool_spec,
+    read_run,
+    transition,
+    update_step,
+)
+from agentrt.timefmt import format_time, parse_time
+
+__all__ = [
+    "ACTIVE",
+    "RUNNING",
+    "WAITING",
+    "Ending",
+    "PreEvent",
+    "Session",
+    "StepEnd",
+    "encode",
+    "observation",
+]
+
+RUNNING = (RunStatus.RUNNING.value,)
+WAITING = (RunStatus.WAITING_FOR_APPROVAL.value,)
+#: What Resume and Cancel accept as "still running" (INTERRUPTED is never written).
+ACTIVE = (RunStatus.RUNNING.value, RunStatus.INTERRUPTED.value)
+
+
+def observation(kind: str, fields: dict[str, Any], summary: str) -> Observation:
+    """A runtime-built observation: string-only content, so it always encodes."""
+    content = encode(sorted_map(fields))
+    return Observation(kind, content, summary, content_hash(content))
+
+
+_Part = TypeVar("_Part", Decision, PolicyDecision, Observation)
+
+
+def _part(new: _Part | None, old: _Part | None, old_text: str,
+          make: Callable[[_Part], _Part]) -> tuple[_Part | None, str]:
+    """(stored form, column text) of one JSON part of a step; a part that is the
+    very object last written for this step is reused as it is."""
+    if new is None:
+        return None, ""
+    if new is old:
+        return new, old_text
+    return make(new), encode(new.to_json()).decode("utf-8")
+
+
+_RUN_STATE = (
+    "SELECT status, step_count, model_calls, input_tokens, output_tokens, cached_input_tokens, "
+    "estimated_cost_micros, active_ms, lease_owner, limits_json, lease_expires_at "
+    "FROM runs WHERE id = ?"
+)
+
+
+def _ms(later: datetime | None, earlier: datetime | None) -> int:
+    if later is None or earlier is None:
+        return 0
+    return max(int((later - earlier) / timedelta(milliseconds=1)), 0)
+
+
+@dataclass(slots=True)
+class StepEnd:
+    """How a step ends inside a transaction.
+
+    ``step`` is the step's new state (status, observation, policy); its
+    ``finished_at`` is set from the reading the writer takes. ``tool`` names
+    the tool when the step was executing (a ``step.tool_finished`` is written).
+    """
+
+    step: Step
+    expected: tuple[str, ...]
+    detail: str = ""
+    tool: str = ""
+    duration_ms: int = 0
+
+
+@dataclass(slots=True)
+class Ending:
+    """How a run ends: its terminal status and the explanation."""
+
+    status: str
+    reason: str
+    detail: str = ""
+    result: bytes = b""
+    limit: bool = False
+    by: str = ""
+
+
+@dataclass(slots=True)
+class PreEvent:
+    """An event written first in a settle (``step.policy`` or ``loop.detected``)."""
+
+    step_id: str
+    at: datetime
+    type: str
+    payload: bytes | dict[str, Any]
+
+
+@dataclass(slots=True)
+class Session:
+    core: Core
+    run_id: str
+    cancel: CancelToken
+    lease: Lease
+    run: Run | None = None
+    steps: list[Step] | None = None
+    approvals: list[Approval] | None = None
+    worker: Worker = field(default_factory=Worker)
+    specs_written: set[str] = field(default_factory=set)
+    signatures: dict[str, str] = field(default_factory=dict)
+    _last: tuple[Step, tuple[str, str, str]] | None = None
+    _limits_text: str = ""
+    _expires_text: str = ""
+
+    # -- reading -----------------------------------------------------------
+
+    def reload(self) -> Run:
+        """The run as stored now. While it stays RUNNING only the columns others change
+        (status, counts, totals, lease) are read, into the cached record."""
+        run = self.run
+        if run is None:
+            self.run = self.core.store.get_run(self.run_id)
+            return self.run
+        with self.core.store.locked() as conn:
+            row = conn.execute(_RUN_STATE, (self.run_id,)).fetchone()
+        if row is None or row[0] != RunStatus.RUNNING or row[9] != self._limits_text:
+            self.run = self.core.store.get_run(self.run_id)
+            self._limits_text = str(row[9]) if row is not None else ""
+            return self.run
+        (run.status, run.step_count, run.model_calls, run.usage.input_tokens,
+         run.usage.output_tokens, run.usage.cached_input_tokens, run.estimated_cost_micros,
+         run.active_ms, run.lease_owner) = row[:9]
+        if row[10] != self._expires_text:
+            self._expires_text = str(row[10])
+            run.lease_expires_at = parse_time(self._expires_text)
+        return run
+
+    def load(self) -> str:
+        """Read steps and approvals once; the first decode problem, or ''."""
+        store = self.core.store
+        self.steps = store.list_steps(self.run_id)
+        self.approvals = store.list_approvals(self.run_id)
+        for s in self.steps:
+            if s.decode_error:
+                return f"step {s.id} does not decode: {s.decode_error}"
+        for a in self.approvals:
+            if a.decode_error:
+                return f"approval {a.id} does not decode: {a.decode_error}"
+        return ""
+
+    def view(self, run: Run, n_steps: int) -> RunView:
+        from agentrt.driver.snapshot import Snapshot, copy_run
+
+        steps = self.steps or []
+        return RunView(copy_run(run), Snapshot(steps[:n_steps]), Snapshot(self.approvals or ()))
+
+    # -- writing -------------------------------------------------------------
+
+    def check_cancel(self) -> None:
+        if self.cancel.cancelled:
+            raise CancelledError(self.cancel.reason)
+
+    def tx(self, *, detached: bool = False) -> AbstractContextManager[Tx]:
+        """A write transaction; unless ``detached`` (recording an effect that already
+        happened), a cancelled caller writes nothing."""
+        if not detached and self.cancel.cancelled:
+            raise CancelledError(self.cancel.reason)
+        return self.core.store.tx(self.core.observer)
+
+    def owner_terms(self, statuses: Sequence[str]) -> str | None:
+        return self.core.owner if RunStatus.RUNNING.value in statuses else None
+
+    def put_spec(self, tx: Tx, spec_hash: str, text: bytes) -> None:
+        if spec_hash and spec_hash not in self.specs_written:
+            put_tool_spec(tx, spec_hash, text)
+            self.specs_written.add(spec_hash)
+
+    def _cache_step(self, step: Step) -> None:
+        assert self.steps is not None
+        if step.index < len(self.steps):
+            self.steps[step.index] = step
+        else:
+            self.steps.append(step)
+
+    def write_step(self, tx: Tx, step: Step, expected: tuple[str, ...] | None, *,
+                   running: bool = False) -> Step:
+        """Insert (``expected`` None) or compare-and-set a step; the cache gets the row
+        in its stored form, equal to what a reload decodes.
+
+        A part unchanged since this step's last write (the same object) is neither
+        encoded nor converted again. ``running``: the same statement requires the
+        run to be RUNNING under this session's lease.
+        """
+        last = self._last
+        if last is not None and last[0].id == step.id:
+            prev, texts = last
+            decision, d_text = _part(step.decision, prev.decision, texts[0], stored_decision)
+            policy, p_text = _part(step.policy, prev.policy, texts[1], stored_policy)
+            observation_, o_text = _part(step.observation, prev.observation, texts[2],
+                                         stored_observation)
+        else:
+            decision, d_text = _part(step.decision, None, "", stored_decision)
+            policy, p_text = _part(step.policy, None, "", stored_policy)
+            observation_, o_text = _part(step.observation, None, "", stored_observation)
+        row = (
+            step.id,
+            step.run_id,
+            step.index,
+            step.status,
+            d_text,
+            p_text,
+            o_text,
+            observation_.content_hash if observation_ is not None else "",
+            stored_time(step.started_at),
+            stored_time(step.finished_at),
+            step.spec_hash,
+            step.policy_id,
+        )
+        if expected is None:
+            insert_step(tx, row)
+        else:
+            update_step(tx, row, expected, running_for=self.core.owner if running else None)
+        stored = Step(step.id, step.run_id, step.index, step.status, decision, policy,
+                      observation_, step.started_at, step.finished_at, step.spec_hash,
+                      step.policy_id)
+        self._last = (stored, (d_text, p_text, o_text))
+        self._cache_step(stored)
+        return stored
+
+    def decision_json(self) -> str:
+        """The decision column just written (``step.decided`` carries the same bytes)."""
+        assert self._last is not None
+        return self._last[1][0]
+
+    def append(self, tx: Tx, step_id: str, at: datetime, type: EventType,
+               payload: bytes | dict[str, Any] | None = None) -> None:
+        data = encode(payload) if isinstance(payload, dict) else payload
+        tx.append(self.run_id, step_id, at, type.value, data)
+
+    def end_in_tx(self, tx: Tx, end: StepEnd, at: datetime, *, running: bool = False) -> Step:
+        """The step-end rows and events: the run's active time, the step, then
+        ``step.tool_finished`` (if it ran a tool) and ``step.failed`` (if it failed).
+
+        ``running``: the active-time update also checks that the run is RUNNING
+        under this session's lease (the run continues, so nothing else checks it).
+        """
+        new = evolve(end.step, finished_at=at)
+        add_active_ms(tx, self.run_id, _ms(at, new.started_at),
+                      running_for=self.core.owner if running else None)
+        stored = self.write_step(tx, new, end.expected)
+        obs = new.observation
+        failed = new.status == StepStatus.FAILED
+        if end.tool:
+            if failed:
+                finished: dict[str, Any] = {
+                    "duration_ms": end.duration_ms,
+                    "error": obs.summary if obs is not None else end.detail,
+                    "tool": end.tool,
+                }
+            else:
+                finished = {
+                    "content_hash": obs.content_hash if obs is not None else "",
+                    "duration_ms": end.duration_ms,
+                    "summary": obs.summary if obs is not None else "",
+                    "tool": end.tool,
+                }
+            self.append(tx, new.id, at, EventType.STEP_TOOL_FINISHED, finished)
+        if failed:
+            if obs is not None:
+                self.append(tx, new.id, at, EventType.STEP_FAILED, {
+                    "content_hash": obs.content_hash, "detail": end.detail,
+                    "observation": obs.kind})
+            else:
+                self.append(tx, new.id, at, EventType.STEP_FAILED, {"detail": end.detail})
+        return stored
+
+    def end_step(self, end: StepEnd, *, detached: bool = False) -> None:
+        """End a step while the run goes on (one Now reading)."""
+        at = self.core.now()
+        with self.tx(detached=detached) as tx:
+            self.end_in_tx(tx, end, at, running=True)
+
+    def settle(
+        self,
+        from_: tuple[str, ...],
+        ending: Ending,
+        *,
+        end: StepEnd | None = None,
+        pre: Sequence[PreEvent] = (),
+        detached: bool = False,
+        spec_entry: tuple[str, bytes] = ("", b""),
+    ) -> Run:
+        """End the run (two Now readings with a step end, one without): the
+        ``pre`` events, the step end, the terminal status, ``limit.exceeded`` for a
+        limit, then ``run.finished``, all in one transaction."""
+        step_at = self.core.now() if end is not None else None
+        now = self.core.now()
+        owner = self.owner_terms(from_)
+        with self.tx(detached=detached) as tx:
+            check_run(tx, self.run_id, from_, owner=owner)
+            self.put_spec(tx, *spec_entry)
+            for ev in pre:
+                tx.append(self.run_id, ev.step_id, ev.at, ev.type,
+                          encode(ev.payload) if isinstance(ev.payload, dict) else ev.payload)
+            if end is not None:
+                assert step_at is not None
+                self.end_in_tx(tx, end, step_at)
+            transition(tx, self.run_id, from_, ending.status, reason=ending.reason,
+                       detail=ending.detail, finished_at=now, result=ending.result, owner=owner)
+            if ending.limit:
+                self.append(tx, "", now, EventType.LIMIT_EXCEEDED,
+                            sorted_map({"detail": ending.detail, "reason": ending.reason}))
+            run = read_run(tx, self.run_id)
+            finished: dict[str, Any] = {
+                "detail": ending.detail,
+                "reason": ending.reason,
+                "status": ending.status,
+                "steps": run.step_count,
+            }
+            if ending.by:
+                finished["by"] = ending.by
+            self.append(tx, "", now, EventType.RUN_FINISHED, sorted_map(finished))
+        self.run = run
+        return run
+
+    def fail_internal(self, cause: str, from_: tuple[str, ...]) -> Run:
+        """Fail the run as internal_error without rewriting a damaged row: open steps
+        get only their outcome columns."""
+        now = self.core.now()
+        detail = f"internal: {cause}"
+        obs = observation(ObservationKind.INVALID_DECISION.value, {"error": detail}, detail)
+        owner = self.owner_terms(from_)
+        with self.tx(detached=True) as tx:
+            check_run(tx, self.run_id, from_, owner=owner)
+            fail_open_steps(tx, self.run_id, dumps(obs.to_json()), obs.content_hash, now)
+            transition(tx, self.run_id, from_, RunStatus.FAILED.value,
+                       reason=Reason.INTERNAL_ERROR.value, detail=detail, finished_at=now,
+                       owner=owner)
+            run = read_run(tx, self.run_id)
+            self.append(tx, "", now, EventType.RUN_FINISHED, sorted_map({
+                "detail": detail, "reason": Reason.INTERNAL_ERROR.value,
+                "status": RunStatus.FAILED.value, "steps": run.step_count}))
+        self.run = run
+        return run
+
+    def pause(
+        self,
+        step: Step,
+        expected: tuple[str, ...],
+        request: ToolRequest,
+        pd: PolicyDecision,
+        policy_event: bytes | dict[str, Any],
+        policy_at: datetime,
+        from_: tuple[str, ...],
+        spec_entry: tuple[str, bytes] = ("", b""),
+    ) -> Run:
+        """Wait for a person: the step awaits approval, a pending approval binds the
+        exact request by its hash, the run is WAITING with no lease (one Now reading)."""
+        now = self.core.now()
+        assert self.run is not None
+        capability = pd.capability if pd.capability and pd.capability.strip() else b"{}"
+        presentation = (pd.presentation if pd.presentation and pd.presentation.strip()
+                        else b"{}")
+        try:
+            digest = approval_hash(pd.kind, capability, presentation, request)
+            request_json = dumps(request.to_json())
+        except (ValueError, TypeError) as exc:
+            raise EncodeError(f"approval request: {exc}") from exc
+        ttl = self.run.limits.approval_ttl
+        approval_id = self.core.new_id()
+        row = (
+            approval_id, self.run_id, step.id, pd.kind,
+            capability.decode("utf-8"), presentation.decode("utf-8"),
+            request_json.decode("utf-8"), digest, ApprovalStatus.PENDING.value,
+            format_time(now), format_time(now + ttl if ttl > timedelta(0) else None),
+            "", "", "",
+        )
+        owner = self.owner_terms(from_)
+        new = evolve(step, status=StepStatus.AWAITING_APPROVAL.value, policy=pd)
+        with self.tx() as tx:
+            check_run(tx, self.run_id, from_, owner=owner)
+            self.write_step(tx, new, expected)
+            transition(tx, self.run_id, from_, RunStatus.WAITING_FOR_APPROVAL.value, owner=owner)
+            self.put_spec(tx, *spec_entry)
+            self.append(tx, step.id, policy_at, EventType.STEP_POLICY, policy_event)
+            insert_approval(tx, row)
+            self.append(tx, step.id, now, EventType.APPROVAL_REQUESTED, sorted_map({
+                "approval_id": approval_id,
+                "capability": Raw(capability),
+                "hash": digest,
+                "kind": pd.kind,
+                "presentation": Raw(presentation),
+                "reason": pd.reason,
+            }))
+            run = read_run(tx, self.run_id)
+            assert self.approvals is not None
+            self.approvals.append(approval_from_row(row))
+        self.run = run
+        return run
+
+    # -- losing the run ------------------------------------------------------
+
+    def lost(self, exc: BaseException | None) -> Run:
+        """The run is no longer ours to write: return it if an operator cancelled it,
+        otherwise raise LeaseLostError (wrapping who holds it now)."""
+        run = self.core.store.get_run(self.run_id)
+        if run.status == RunStatus.CANCELLED and run.reason == Reason.OPERATOR_CANCELLED:
+            self.run = run
+            return run
+        if isinstance(exc, LeaseLostError):
+            raise exc
+        if (isinstance(exc, RunStateError) and not isinstance(exc, RunLeasedError)
+                and run.status == RunStatus.RUNNING and run.lease_owner == self.core.owner):
+            raise exc
+        if isinstance(exc, RunLeasedError):
+            raise LeaseLostError(exc.detail) from exc
+        raise LeaseLostError(
+            f"run {self.run_id} is {run.status}, and the lease of {self.core.owner} is no "
+            "longer held") from exc
+
+    def close(self) -> None:
+        self.worker.close()
+

@@ -1,0 +1,113 @@
+"""Running one tool call under its time limit and turning its outcome into an observation.
+
+Whatever the tool does (returns, raises, aborts, hangs past its timeout,
+returns bytes that are not JSON) becomes an observation the agent can read on
+its next step; none of it reaches the loop as an exception.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from dataclasses import dataclass
+
+from agentrt.canonical import check_json, content_hash
+from agentrt.driver.cancel import CancelToken
+from agentrt.driver.errors import AbortRun, ToolError
+from agentrt.driver.session import observation
+from agentrt.driver.tools import Tool, ToolCall, ToolResult
+from agentrt.driver.worker import Worker
+from agentrt.records import Observation, ObservationKind, ToolSpec, duration_ns
+from agentrt.timefmt import format_duration
+
+__all__ = ["ToolOutcome", "run_tool"]
+
+_ERROR = ObservationKind.TOOL_ERROR.value
+
+
+@dataclass(slots=True)
+class ToolOutcome:
+    observation: Observation
+    duration_ms: int
+    #: The content bytes as the tool returned them (a terminal tool's run result).
+    content: bytes = b""
+    #: Set when the tool raised AbortRun: the run ends ``tool_abort`` with it.
+    abort: str | None = None
+    #: The caller cancelled while the tool ran.
+    cancelled: bool = False
+
+
+def _failure(name: str, failure: str, error: str) -> Observation:
+    return observation(_ERROR, {"error": error, "failure": failure, "tool": name},
+                       f"{name} {failure}: {error}")
+
+
+def _content(name: str, value: object) -> tuple[Observation, bytes]:
+    if isinstance(value, ToolResult):
+        raw, summary = value.content, value.summary
+    elif isinstance(value, (bytes, str)) or value is None:
+        raw, summary = value, ""
+    else:
+        msg = f"the tool returned {type(value).__name__}, not a ToolResult"
+        return _failure(name, "error", msg), b""
+    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    if data is None or not data.strip():
+        data = b"{}"
+    problem = check_json(data)
+    if problem is not None:
+        error = f"content is not usable JSON: {problem}"
+        fields = {"error": error, "failure": "invalid_content", "tool": name}
+        try:
+            fields["content"] = data.decode("utf-8")
+        except UnicodeDecodeError:
+            fields["content_base64"] = base64.b64encode(data).decode("ascii")
+        return observation(_ERROR, fields, f"{name} returned {error}"), b""
+    obs = Observation(ObservationKind.TOOL_RESULT.value, data, summary, content_hash(data))
+    return obs, data
+
+
+def run_tool(worker: Worker, tool: Tool, spec: ToolSpec, run_id: str, step_id: str,
+             args: bytes, caller: CancelToken) -> ToolOutcome:
+    """Call ``tool`` on the session's worker; stop waiting at ``spec.timeout``."""
+    name = spec.name
+    timeout = spec.timeout.total_seconds()
+    token = caller.child(timeout=timeout)
+    call = ToolCall(run_id, step_id, args, token)
+    started = time.monotonic()
+    try:
+        out = worker.call(lambda: tool.call(call), timeout)
+    finally:
+        caller.release(token)
+    duration_ms = int((time.monotonic() - started) * 1000)
+    if out is None:
+        token.cancel("deadline exceeded")
+        error = f"no outcome within the timeout of {format_duration(duration_ns(spec.timeout))}"
+        if caller.cancelled:
+            return _cancelled(name, error, duration_ms)
+        return ToolOutcome(_failure(name, "timeout", error), duration_ms)
+    exc = out.error
+    if exc is None:
+        obs, data = _content(name, out.value)
+        return ToolOutcome(obs, duration_ms, content=data, cancelled=caller.cancelled)
+    if isinstance(exc, AbortRun):
+        obs = observation(_ERROR, {"error": exc.detail, "failure": "abort", "tool": name},
+                          f"{name} aborted the run: {exc.detail}")
+        return ToolOutcome(obs, duration_ms, abort=exc.detail, cancelled=caller.cancelled)
+    text = str(exc) or type(exc).__name__
+    if caller.cancelled:
+        return _cancelled(name, text, duration_ms)
+    if isinstance(exc, ToolError):
+        failure = "timeout" if token.timed_out else "error"
+        return ToolOutcome(_failure(name, failure, text), duration_ms)
+    if token.timed_out:
+        return ToolOutcome(_failure(name, "timeout", text), duration_ms)
+    obs = observation(_ERROR, {"error": f"panic: {type(exc).__name__}: {text}", "tool": name},
+                      f"{name} panicked")
+    return ToolOutcome(obs, duration_ms)
+
+
+def _cancelled(name: str, error: str, duration_ms: int) -> ToolOutcome:
+    obs = observation(ObservationKind.INTERRUPTED.value,
+                      {"error": error, "failure": "cancelled", "tool": name},
+                      f"{name} was cancelled and its outcome is unknown: {error}")
+    return ToolOutcome(obs, duration_ms, cancelled=True)

@@ -1,0 +1,315 @@
+"""Tools: what a tool is, how its input schema is compiled, and how arguments are checked.
+
+A bad tool is refused when the driver is built, not when a run first needs it.
+Schemas compile as JSON Schema 2020-12 (unless they name another known
+dialect) with no loader: a ``$ref`` to a file or URL is refused, because a
+schema that fetches at run time is not the one that was reviewed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Protocol, runtime_checkable
+
+import jsonschema
+import orjson
+import referencing
+import referencing.exceptions
+import referencing.jsonschema
+from jsonschema.exceptions import SchemaError, best_match
+from referencing._core import Resolver
+
+from agentrt.canonical import check_json
+from agentrt.driver.cancel import CancelToken
+from agentrt.driver.errors import ConfigError
+from agentrt.records import SideEffect, ToolSpec
+
+__all__ = [
+    "FuncTool",
+    "RegisteredTool",
+    "Tool",
+    "ToolCall",
+    "ToolResult",
+    "check_args",
+    "compile_schema",
+    "register_tools",
+]
+
+_SIDE_EFFECTS = frozenset(s.value for s in SideEffect)
+_MAX_NUMBER = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One invocation: the run and step it belongs to, the agent's argument bytes,
+    and a token cancelled at the tool's timeout or when the caller cancels."""
+
+    run_id: str
+    step_id: str
+    args: bytes
+    cancel: CancelToken
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """What a tool produced: JSON content (``{}`` when empty) and a one-line summary."""
+
+    content: bytes | str | None = None
+    summary: str = ""
+
+
+@runtime_checkable
+class Tool(Protocol):
+    """A capability the agent may ask for. ``spec`` is read at every step."""
+
+    def spec(self) -> ToolSpec: ...
+
+    def call(self, call: ToolCall) -> ToolResult | bytes | str | None: ...
+
+
+def _as_bytes(v: bytes | str) -> bytes:
+    return v.encode("utf-8") if isinstance(v, str) else v
+
+
+def _as_timedelta(v: timedelta | float) -> timedelta:
+    return v if isinstance(v, timedelta) else timedelta(seconds=v)
+
+
+class FuncTool:
+    """A tool made of a spec and a function ``fn(call) -> ToolResult | bytes | str | None``.
+
+    Raise :class:`~agentrt.driver.errors.ToolError` for an expected failure and
+    :class:`~agentrt.driver.errors.AbortRun` to end the run.
+    """
+
+    __slots__ = ("_fn", "_spec")
+
+    def __init__(
+        self,
+        name: str,
+        fn: Callable[[ToolCall], ToolResult | bytes | str | None],
+        *,
+        description: str = "",
+        input_schema: bytes | str = b'{"type":"object"}',
+        side_effect: str = SideEffect.READ_ONLY.value,
+        timeout: timedelta | float = timedelta(seconds=30),
+        terminal: bool = False,
+    ) -> None:
+        self._fn = fn
+        self._spec = ToolSpec(
+            name=name,
+            description=description,
+            input_schema=_as_bytes(input_schema),
+            side_effect=str(side_effect),
+            timeout=_as_timedelta(timeout),
+            terminal=terminal,
+        )
+
+    def spec(self) -> ToolSpec:
+        s = self._spec
+        return ToolSpec(s.name, s.description, s.input_schema, s.side_effect, s.timeout,
+                        s.terminal)
+
+    def call(self, call: ToolCall) -> ToolResult | bytes | str | None:
+        return self._fn(call)
+
+    def __repr__(self) -> str:
+        return f"FuncTool({self._spec.name!r}, {self._spec.side_effect})"
+
+
+# -- schemas -------------------------------------------------------------------
+
+
+def _number_problem(text: str) -> str | None:
+    if len(text) > _MAX_NUMBER:
+        return f"number {text[:24]}... is longer than {_MAX_NUMBER} characters"
+    m = re.search(r"[eE][+-]?0*(\d+)\Z", text)
+    if m is not None and (len(m.group(1)) > 5 or int(m.group(1)) > _MAX_NUMBER):
+        shown = text if len(text) <= 24 else text[:24] + "..."
+        return f"number {shown} has an exponent beyond ±{_MAX_NUMBER}"
+    return None
+
+
+def _decode_schema(data: bytes) -> Any:
+    """Parse a schema, holding it to the depth and number bounds (duplicates: last wins)."""
+    problem = check_json(data)
+    if problem is not None and problem.startswith("nested deeper"):
+        raise ValueError(f"input schema is {problem}")
+    found: list[str] = []
+
+    def number(text: str) -> Any:
+        p = _number_problem(text)
+        if p is not None and not found:
+            found.append(p)
+        return float(text) if any(c in text for c in ".eE") else int(text)
+
+    try:
+        value = json.loads(data, parse_int=number, parse_float=number)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError("input schema is not valid JSON") from exc
+    if found:
+        raise ValueError(f"input schema holds a {found[0]}")
+    return value
+
+
+def _refuse(uri: str) -> referencing.Resource[Any]:
+    # mypy does not see the attrs-generated __init__ of referencing's classes.
+    raise referencing.exceptions.NoSuchResource(ref=uri)  # type: ignore[call-arg]
+
+
+_NOT_SCHEMAS = frozenset(("const", "enum", "examples", "default"))
+
+
+def _refs(node: Any, resolver: Resolver[Any]) -> Iterator[tuple[str, Resolver[Any]]]:
+    if isinstance(node, list):
+        for item in node:
+            yield from _refs(item, resolver)
+        return
+    if not isinstance(node, dict):
+        return
+    if isinstance(node.get("$id"), str):
+        resolver = resolver.in_subresource(
+            referencing.Resource.from_contents(
+                node, default_specification=referencing.jsonschema.DRAFT202012))
+    for key in ("$ref", "$dynamicRef"):
+        ref = node.get(key)
+        if isinstance(ref, str):
+            yield ref, resolver
+    for key, value in node.items():
+        if key not in _NOT_SCHEMAS:
+            yield from _refs(value, resolver)
+
+
+def compile_schema(data: bytes) -> jsonschema.protocols.Validator:
+    """A validator for ``data``; ValueError (with the reason) when it is refused."""
+    if not data.strip():
+        raise ValueError("input schema is required")
+    schema = _decode_schema(data)
+    dialect = schema.get("$schema") if isinstance(schema, dict) else None
+    if dialect is not None:
+        if not isinstance(dialect, str):
+            raise ValueError("input schema is invalid: $schema is not a string")
+        try:
+            referencing.jsonschema.specification_with(dialect)
+        except referencing.jsonschema.UnknownDialect as exc:
+            raise ValueError(f"input schema refers to {dialect}, outside itself") from exc
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except SchemaError as exc:
+        raise ValueError(f"input schema is invalid: {exc.message}") from exc
+    resource = referencing.Resource.from_contents(
+        schema, default_specification=referencing.jsonschema.DRAFT202012)
+    registry: referencing.Registry[Any] = referencing.Registry(
+        retrieve=_refuse)  # type: ignore[call-arg]  # attrs __init__, see _refuse
+    registry = registry.with_resource(resource.id() or "", resource)
+    combined = referencing.jsonschema.EMPTY_REGISTRY.combine(registry)
+    for ref, resolver in _refs(schema, combined.resolver(base_uri=resource.id() or "")):
+        try:
+            resolver.lookup(ref)
+        except referencing.exceptions.Unresolvable as exc:
+            if ref.startswith("#"):
+                raise ValueError(
+                    f"input schema refers to {ref}, which it does not define") from exc
+            raise ValueError(f"input schema refers to {ref}, outside itself") from exc
+    return cls(schema, registry=registry)
+
+
+def _instance(args: bytes) -> Any:
+    try:
+        return orjson.loads(args)
+    except orjson.JSONDecodeError:
+        return json.loads(args)  # numbers orjson will not hold
+
+
+def check_args(validator: jsonschema.protocols.Validator, args: bytes | None, *,
+               checked: bool = False) -> str | None:
+    """Why the arguments are refused (JSON boundary check, then the schema), or None.
+
+    Empty arguments validate as ``{}``. A failure inside the schema library is
+    a refusal, never an acceptance. ``checked``: the boundary check already passed.
+    """
+    if args is None or not args.strip():
+        args = b"{}"
+    problem = None if checked else check_json(args)
+    if problem is not None:
+        return f"arguments are not usable JSON: {problem}"
+    try:
+        instance = _instance(args)
+        if validator.is_valid(instance):
+            return None
+        err = best_match(validator.iter_errors(instance))
+    except Exception as exc:  # noqa: BLE001 - the library failing is a refusal
+        return f"arguments do not match schema: the validator failed: {exc}"
+    if err is None:  # pragma: no cover - is_valid said no
+        return "arguments do not match schema"
+    where = "/" + "/".join(str(p) for p in err.absolute_path)
+    return f"arguments do not match schema: at {where}: {err.message}"
+
+
+# -- registration --------------------------------------------------------------
+
+
+class RegisteredTool:
+    """A tool as the driver keeps it: its spec re-read per step, the spec's recorded
+    form (hash and canonical text) and its compiled schema, cached by value."""
+
+    __slots__ = ("_entries", "name", "tool")
+
+    def __init__(self, tool: Tool, name: str) -> None:
+        self.tool = tool
+        self.name = name
+        self._entries: dict[tuple[Any, ...], tuple[str, bytes, Any]] = {}
+
+    def current(self) -> tuple[ToolSpec, str, bytes, jsonschema.protocols.Validator]:
+        """(spec, spec hash, canonical spec text, validator) as the tool states it now.
+
+        Raises ValueError when the spec the tool now returns cannot be compiled.
+        """
+        spec = self.tool.spec()
+        key = (spec.name, spec.description, spec.input_schema, spec.side_effect,
+               spec.timeout, spec.terminal)
+        entry = self._entries.get(key)
+        if entry is None:
+            validator = compile_schema(spec.input_schema)
+            spec_hash, text = spec.spec_hash()
+            entry = (spec_hash, text, validator)
+            if len(self._entries) > 64:
+                self._entries.clear()
+            self._entries[key] = entry
+        return spec, entry[0], entry[1], entry[2]
+
+
+def _check_spec(spec: ToolSpec) -> None:
+    if not spec.name:
+        raise ConfigError("tool with empty name")
+    where = f'tool "{spec.name}"'
+    if spec.side_effect not in _SIDE_EFFECTS:
+        raise ConfigError(f'{where}: invalid side effect "{spec.side_effect}"')
+    if spec.timeout <= timedelta(0):
+        raise ConfigError(f"{where}: timeout is required")
+    try:
+        compile_schema(spec.input_schema)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+
+
+def register_tools(tools: list[Tool] | tuple[Tool, ...]) -> dict[str, RegisteredTool]:
+    """Check every tool, in the order given, and key them by name in name order."""
+    out: dict[str, RegisteredTool] = {}
+    for tool in tools:
+        spec = tool.spec()
+        if spec.name and spec.name in out:
+            raise ConfigError(f'duplicate tool "{spec.name}"')
+        _check_spec(spec)
+        registered = RegisteredTool(tool, spec.name)
+        registered.current()
+        out[spec.name] = registered
+    return {name: out[name] for name in sorted(out, key=lambda n: n.encode("utf-8"))}

@@ -1,0 +1,43 @@
+"""`python -m agentrt.demo demo.db` records a real scenario and prints it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from agentrt.store import open_existing
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_demo(path: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "agentrt.demo", str(path)], env=env,
+                          cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+
+
+def test_the_demo_records_the_whole_scenario_and_prints_it(tmp_path):
+    db = tmp_path / "demo.db"
+    for _ in range(2):  # an old demo.db is replaced, not appended to
+        done = run_demo(db)
+        assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "COMPLETED (goal_completed) after 6 steps" in out
+    assert "invalid decision: arguments do not match schema" in out
+    assert "denied: side effect destructive is deny by policy" in out
+    assert "event chain: 31 events verified" in out
+    store = open_existing(str(db), read_only=True)
+    (run,) = store.list_runs()
+    types = [e.type for e in store.list_events(run.id)]
+    for t in ("approval.requested", "approval.decided", "run.resumed", "step.failed"):
+        assert t in types
+    assert store.list_approvals(run.id)[0].decided_by == "demo-operator"
+
+
+def test_the_demo_says_what_went_wrong_in_one_line(tmp_path):
+    done = run_demo(tmp_path / "missing-dir" / "demo.db")
+    assert done.returncode == 1
+    assert done.stderr.startswith("demo: cannot record into ")
+    assert "Traceback" not in done.stderr
