@@ -24,7 +24,7 @@ import apsw
 import click
 
 from agentrt import view
-from agentrt.clitools import run_click
+from agentrt.clitools import run_click, silence_stdout
 from agentrt.errors import AgentrtError, ApprovalChangedError, NotFoundError, SchemaVersionError
 from agentrt.events import Observer
 from agentrt.gojson import dumps, encode_string
@@ -282,10 +282,19 @@ def _trail(out: Out, noun: str, pages: Pages[Any]) -> None:
 
 class _Commands(click.Group):
     """Commands listed in the order an operator uses them; ``resume`` and
-    ``recheck`` answered with why they are not here."""
+    ``recheck`` answered with why they are not here; a closed pipe is not a failure."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(self.commands)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        # A reader that went away (``| head``) ends the listing quietly with 0;
+        # click would turn the broken pipe into exit 1.
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            silence_stdout()
+            raise click.exceptions.Exit(0) from None
 
     def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[
             str | None, click.Command | None, list[str]]:

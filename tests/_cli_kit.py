@@ -130,19 +130,33 @@ class ChildResult:
     max_rss: int
 
 
+# A small parent that runs the command and reports that child's peak RSS. Linux
+# hands a child that execs the high-water mark of the memory it came from, so a
+# command started straight from the test process would report the test's own
+# size; started from this wrapper it inherits a few megabytes at most.
+_MEASURE = (
+    "import os, sys\n"
+    "pid = os.fork()\n"
+    "if pid == 0:\n"
+    "    os.execv(sys.executable, [sys.executable, '-m', 'agentrt.cli', *sys.argv[2:]])\n"
+    "_, status, usage = os.wait4(pid, 0)\n"
+    "with open(sys.argv[1], 'w') as f:\n"
+    "    f.write(str(usage.ru_maxrss))\n"
+    "sys.exit(os.waitstatus_to_exitcode(status))\n"
+)
+
+
 def run_child(*args: str, env: Mapping[str, str] | None = None, cwd: str | None = None,
               stdin: int | None = subprocess.DEVNULL) -> ChildResult:
-    """``python -m agentrt.cli ARGS`` as a real process, with its own peak RSS
-    (``wait4`` reports that child's usage alone, not the test process's others)."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([sys.executable, "-m", "agentrt.cli", *args], stdout=out,
-                                stderr=err, stdin=stdin, env=dict(env or child_env()),
-                                cwd=cwd)
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        return ChildResult(proc.returncode, out.read(), err.read(), usage.ru_maxrss * 1024)
+    """``python -m agentrt.cli ARGS`` as a real process, with its peak RSS."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = os.path.join(tmp, "maxrss")
+        done = subprocess.run([sys.executable, "-S", "-c", _MEASURE, report, *args],
+                              capture_output=True, stdin=stdin, env=dict(env or child_env()),
+                              cwd=cwd, timeout=300)
+        with open(report) as f:
+            max_rss = int(f.read()) * 1024
+    return ChildResult(done.returncode, done.stdout, done.stderr, max_rss)
 
 
 # -- what "nothing changed" means ----------------------------------------------------
