@@ -672,3 +672,42 @@ def test_bad_input_gets_one_sentence_an_exit_code_and_changes_nothing(
         assert result.stderr.count("\n") == 1
     assert "Traceback" not in result.stderr and result.stdout == ""
     assert snapshot(ops.path) == before
+
+
+def test_an_oversized_request_is_shown_by_its_identifying_fields_and_decided_whole(tmp_path):
+    kit = Kit(str(tmp_path / "big.db"))
+    waiting = kit.waiting(args=dumps({"env": "staging", "blob": "x" * 100_000}), history=False)
+    approval = kit.store.list_approvals(waiting.id)[0]
+    kit.close()
+    shown = invoke("--db", kit.path, "show", waiting.id).stdout
+    assert "unread  request: 100323 characters, over MaxPageText; its arguments were not read" \
+        in shown
+    assert "arguments:\n  truncated (4 bytes)\n    true\n  length (6 bytes)\n    100323\n" in shown
+    assert max(len(line) for line in shown.splitlines()) < 500
+    # Deciding reads the approval whole (the hash covers all of it) and shows it bounded.
+    decided = invoke("--db", kit.path, "approve", waiting.id, "--yes")
+    assert decided.code == 0, decided.stderr
+    assert "  blob (100002 bytes)\n" in decided.stdout and "bytes omitted" in decided.stdout
+    assert f"hash    {approval.hash}" in decided.stdout
+    assert max(len(line) for line in decided.stdout.splitlines()) < 500
+
+
+def test_pages_read_at_most_the_page_size_and_stop_at_the_first_total(monkeypatch):
+    monkeypatch.setattr(cli_module, "PAGE_SIZE", 3)
+    rows = list(range(10))
+    asked: list[tuple[int, int]] = []
+
+    def fetch(limit: int, offset: int) -> tuple[list[int], int]:
+        rows.append(99)  # a live consumer adds a row before every read
+        asked.append((limit, offset))
+        return rows[offset:offset + limit], len(rows)
+
+    every = cli_module.Pages(fetch, 0, 2)
+    assert list(every) == [2, 3, 4, 5, 6, 7, 8, 9, 99]  # up to the first total, 11
+    assert asked == [(3, 2), (3, 5), (3, 8)]
+    assert (every.total, every.returned, every.more) == (11, 9, 0)
+    asked.clear()
+    limited = cli_module.Pages(fetch, 4, 1)
+    assert list(limited) == [1, 2, 3, 4]
+    assert asked == [(3, 1), (1, 4)]
+    assert limited.more == limited.total - 1 - 4
