@@ -1,13 +1,18 @@
-"""Driver step cost against its reference, in one run on the same disk.
+"""Driver step cost against its reference, measured in one process on the same disk.
 
 A step of a scripted agent with a trivial tool makes four synced transactions
 (start, decision, policy with tool start, outcome), so its reference is four
-synced single-row commits on the same disk, sampled by the agent itself
-between steps, so both are measured under the same load (this machine is
-shared; wall times drift by 2x within a minute). The bar is 1.3x. The second
-and third rows check that a step costs the same with 100 or 400 steps behind
-it as with 10 (within 20%); they compare process CPU time per step, which
-measures the work a step does rather than the other processes on the host.
+synced single-row commits on the same disk. The bar is 1.3x. The second and
+third rows check that a step costs the same with 100 or 400 steps behind it
+as with 10 (within 20%).
+
+This machine is shared and its speed drifts by 2x within a minute, so nothing
+is compared across time: three runs are first brought to 10, 100 and 400
+steps, then stepped in turn, a few steps each, round after round (each burst
+ends on a tool that needs approval; the bench approves and resumes). The
+agent itself takes a reference sample between steps. A step's cost is the
+time from the agent's return to its next call, which covers exactly one
+step's four transactions, the policy and the tool.
 
     python -m bench.bench_driver [--quick] [--dir DIR]
 """
@@ -25,12 +30,19 @@ from collections.abc import Sequence
 
 import apsw
 
-from agentrt.driver import DefaultPolicy, Driver, FuncTool, StepInput, ToolCall, ToolResult
+from agentrt.driver import (
+    DefaultPolicy,
+    Driver,
+    FuncTool,
+    StepInput,
+    ToolCall,
+    ToolResult,
+    approve,
+)
 from agentrt.records import Decision, Limits
-from agentrt.store import open_store
+from agentrt.store import Store, open_store
 
-WINDOWS = (10, 100, 400)
-WINDOW = 30
+DEPTHS = (10, 100, 400)
 
 
 class Reference:
@@ -52,33 +64,35 @@ class Reference:
         self.samples.append(time.perf_counter() - started)
 
 
-class _Timed:
-    """A scripted agent that measures the driver between its own calls.
+class _Bursts:
+    """Calls ``noop`` until the run's current stop, then ``hold`` (which pauses it).
 
-    A step's cost is the time from the agent's previous return to its next
-    call: everything the driver does for one step (four transactions, the
-    policy, the tool). Every other step the agent also takes a reference
-    sample, outside that window, so the reference runs under the same
-    conditions as the steps it is compared with.
+    Records, per run, the gap before each call that follows a ``noop`` call of
+    the same burst: one ordinary step's cost.
     """
 
-    def __init__(self, steps: int, ref: Reference | None) -> None:
-        self.steps = steps
+    def __init__(self, ref: Reference) -> None:
         self.ref = ref
-        self.wall: list[float] = []
-        self.cpu: list[float] = []
-        self._out = (0.0, 0.0)
+        self.stop: dict[str, int] = {}
+        self.gaps: dict[str, list[float]] = {}
+        self.measuring = False
+        self._out = 0.0
+        self._last: tuple[str, int] | None = None
 
     def decide(self, step: StepInput) -> Decision:
-        wall, cpu = time.perf_counter(), time.process_time()
-        if step.index:
-            self.wall.append(wall - self._out[0])
-            self.cpu.append(cpu - self._out[1])
-        if self.ref is not None and step.index % 2 == 0:
+        now = time.perf_counter()
+        run_id, index = step.run.id, step.index
+        if self.measuring and self._last == (run_id, index - 1):
+            self.gaps.setdefault(run_id, []).append(now - self._out)
+        if self.measuring and index % 2 == 0:
             self.ref.sample()
-        decision = (Decision.complete(b'{"done":true}') if step.index >= self.steps
-                    else Decision.tool_call("noop", b'{"n":%d}' % step.index))
-        self._out = (time.perf_counter(), time.process_time())
+        if index >= self.stop[run_id]:
+            decision = Decision.tool_call("hold", b"{}")
+            self._last = None
+        else:
+            decision = Decision.tool_call("noop", b'{"n":%d}' % index)
+            self._last = (run_id, index)
+        self._out = time.perf_counter()
         return decision
 
 
@@ -86,22 +100,41 @@ def _noop(call: ToolCall) -> ToolResult:
     return ToolResult(b'{"ok":true}', "ok")
 
 
-def driver_steps(directory: str, steps: int, round_: int,
-                 ref: Reference | None) -> tuple[list[float], list[float]]:
-    """(wall, cpu) seconds per step of one run of ``steps`` tool steps; entry i is the
-    step after i+1 earlier steps."""
-    store = open_store(os.path.join(directory, f"driver-{round_}.db"))
-    agent = _Timed(steps, ref)
-    tool = FuncTool("noop", _noop, input_schema=b'{"type":"object"}', side_effect="read_only",
-                    timeout=5)
-    driver = Driver(store, agent, DefaultPolicy(), [tool])
-    limits = Limits(max_steps=steps + 10, max_consecutive_tool_failures=3,
-                    loop_threshold=steps + 10)
-    run = driver.start("bench", limits)
-    store.close()
-    if run.status != "COMPLETED":
+def _continue(store: Store, driver: Driver, run_id: str) -> None:
+    for a in store.list_approvals(run_id):
+        if a.status == "pending":
+            approve(store, run_id, a.id, "bench")
+    run = driver.resume(run_id)
+    if run.status != "WAITING_FOR_APPROVAL":
         raise SystemExit(f"bench run ended {run.status} ({run.reason}): {run.reason_detail}")
-    return agent.wall, agent.cpu
+
+
+def measure(directory: str, rounds: int, burst: int) -> tuple[list[float], dict[int, list[float]]]:
+    """(reference samples, step costs by depth)."""
+    ref = Reference(directory)
+    store = open_store(os.path.join(directory, "driver.db"))
+    agent = _Bursts(ref)
+    tools = [
+        FuncTool("noop", _noop, input_schema=b'{"type":"object"}', side_effect="read_only",
+                 timeout=5),
+        FuncTool("hold", _noop, side_effect="remote_mutation", timeout=5),
+    ]
+    driver = Driver(store, agent, DefaultPolicy(), tools)
+    big = DEPTHS[-1] + rounds * (burst + 1) + 10
+    limits = Limits(max_steps=big, max_consecutive_tool_failures=3, loop_threshold=big)
+    runs: dict[int, str] = {}
+    for depth in DEPTHS:
+        run_id = f"depth-{depth}"
+        agent.stop[run_id] = depth
+        driver.start("bench", limits, run_id=run_id)
+        runs[depth] = run_id
+    agent.measuring = True
+    for _ in range(rounds):
+        for run_id in runs.values():
+            agent.stop[run_id] = store.get_run(run_id).step_count + burst
+            _continue(store, driver, run_id)
+    store.close()
+    return ref.samples, {d: agent.gaps.get(r, []) for d, r in runs.items()}
 
 
 def _spread(values: Sequence[float]) -> str:
@@ -111,39 +144,29 @@ def _spread(values: Sequence[float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_driver")
-    parser.add_argument("--quick", action="store_true", help="one short round")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds")
     parser.add_argument("--dir", default=None,
                         help="where to put the databases (default: a temp dir here)")
     args = parser.parse_args(argv)
-    rounds = 1 if args.quick else 5
-    steps = WINDOWS[-1] + WINDOW + 5
+    rounds, burst = (8, 6) if args.quick else (30, 6)
     directory = tempfile.mkdtemp(prefix="bench-driver-", dir=args.dir or os.getcwd())
     try:
-        ref = Reference(directory)
-        per_window: dict[int, list[float]] = {w: [] for w in WINDOWS}
-        all_steps: list[float] = []
-        for r in range(rounds):
-            wall, cpu = driver_steps(directory, steps, r, ref)
-            for w in WINDOWS:
-                per_window[w] += cpu[w - 1:w - 1 + WINDOW]
-            all_steps += wall[WINDOWS[0]:]
-        ref_samples = ref.samples
+        ref, by_depth = measure(directory, rounds, burst)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    ref_med = statistics.median(ref_samples)
-    step_med = statistics.median(all_steps)
-    base = statistics.median(per_window[WINDOWS[0]])
+    steps = [g for gaps in by_depth.values() for g in gaps]
+    ref_med, step_med = statistics.median(ref), statistics.median(steps)
+    base = statistics.median(by_depth[DEPTHS[0]])
     rows = [("driver step (scripted agent, trivial tool)", "4 synced single-row commits",
-             step_med / ref_med, 1.3, step_med, ref_med, _spread(all_steps))]
-    for w in WINDOWS[1:]:
-        med = statistics.median(per_window[w])
-        rows.append((f"step CPU after {w} steps", f"step CPU after {WINDOWS[0]} steps",
-                     med / base, 1.2, med, base, _spread(per_window[w])))
-    print(f"driver bench: {rounds} round(s), {len(ref_samples)} reference samples, "
-          f"{len(all_steps)} steps, disk of {directory}")
-    header = ("figure", "reference", "ratio", "bar", "median", "spread", "")
-    print(f"{header[0]:<44} {header[1]:<30} {header[2]:>6} {header[3]:>7}  "
-          f"{header[4]:<22} {header[5]}")
+             step_med / ref_med, 1.3, step_med, ref_med, _spread(steps))]
+    for depth in DEPTHS[1:]:
+        med = statistics.median(by_depth[depth])
+        rows.append((f"step after {depth} steps", f"step after {DEPTHS[0]} steps",
+                     med / base, 1.2, med, base, _spread(by_depth[depth])))
+    print(f"driver bench: {rounds} rounds of {burst}-step bursts on runs at "
+          f"{'/'.join(map(str, DEPTHS))} steps, {len(steps)} steps, {len(ref)} reference "
+          "samples")
+    print(f"{'figure':<44} {'reference':<30} {'ratio':>6} {'bar':>7}  {'median':<22} spread")
     missed = 0
     for figure, refname, ratio, bar, med, refmed, spread in rows:
         ok = ratio <= bar

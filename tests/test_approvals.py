@@ -487,3 +487,16 @@ def test_approval_json_omits_zero_times():
     out = a.to_json()
     assert "expires_at" not in out and "decided_at" not in out
     assert isinstance(a, Approval)
+
+
+def test_the_policy_view_on_resume_is_what_the_policy_saw():
+    d, store, _, a = paused()
+    approve(store, "r", a.id, "operator", "")
+    d.resume("r")
+    policies = [json.loads(e.payload) for e in store.list_events("r") if e.type == "step.policy"]
+    loop_view, pause_view, resume_view = (p["view"] for p in policies)
+    assert (pause_view["status"], pause_view["step_count"], pause_view["steps"]) == (
+        "RUNNING", 2, 1)
+    assert (resume_view["status"], resume_view["step_count"], resume_view["steps"],
+            resume_view["approvals"]) == ("WAITING_FOR_APPROVAL", 2, 1, 1)
+    assert loop_view["steps"] == 0

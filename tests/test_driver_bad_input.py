@@ -199,3 +199,33 @@ def test_consumers_cannot_corrupt_each_other():
     assert seen_by_policy == [("g", []), ("g", ["read"])]
     assert [s.decision.tool for s in store.list_steps(run.id)[:2]] == ["read", "read"]
     assert [s.status for s in store.list_steps(run.id)] == ["done", "done", "done"]
+
+
+def test_an_observer_that_raises_does_not_break_the_run(caplog):
+    def broken(event):
+        raise RuntimeError("dashboard down")
+
+    from agentrt.driver import DefaultPolicy, Driver
+    from agentrt.store import open_store
+    from agentrt.testing import ScriptedAgent
+
+    store = open_store(":memory:")
+    d = Driver(store, ScriptedAgent([call("read", b'{"n":1}'), Decision.complete()]),
+               DefaultPolicy(), fixture_tools(), observer=broken)
+    run = d.start("g", limits())
+    assert run.status == "COMPLETED"
+    assert "observer failed" in caplog.text
+
+
+def test_a_view_kept_by_a_consumer_does_not_change_afterwards():
+    kept: list = []
+
+    def keep(step):
+        kept.append(step.steps)
+        return call("read", f'{{"n":{step.index}}}') if step.index < 3 else Decision.complete()
+
+    d, store, _, _ = make(script=[keep] * 4)
+    d.start("g", limits())
+    assert [len(k) for k in kept] == [0, 1, 2, 3]
+    assert [s.status for s in kept[3]] == ["done", "done", "done"]
+    assert kept[1][0] == store.list_steps(store.list_runs()[0].id)[0]

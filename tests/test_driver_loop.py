@@ -540,3 +540,13 @@ def test_the_tool_receives_the_agents_own_argument_bytes_and_the_policy_the_poli
                               Decision.complete()], tools=[tool], policy=policy)
     d.start("g", limits())
     assert seen == [b'{"n":1}'] and calls[0].args == b'{ "n" : 1 }'
+
+
+def test_a_naive_clock_is_read_as_utc():
+    from datetime import datetime
+
+    d, store, _, _ = make(script=[call("read", b'{"n":1}'), Decision.complete()],
+                          now=lambda: datetime(2026, 10, 1, 9, 0))
+    run = d.start("g", limits(max_elapsed_time=timedelta(hours=1)))
+    assert run.status == "COMPLETED"
+    assert store.list_events(run.id)[0].at.isoformat() == "2026-10-01T09:00:00+00:00"

@@ -430,3 +430,17 @@ def test_two_processes_racing_to_resume_one_approved_run_execute_it_once(tmp_pat
     assert len(log.read_text().splitlines()) == 1
     assert outcomes[0] == "COMPLETED" and outcomes[1] in ("RunLeasedError", "RunStateError")
     assert store.get_run("r").status == "COMPLETED"
+
+
+def test_the_reconcilers_view_is_not_rewritten_by_the_pause(crashed):
+    c = crashed()
+    kept: list = []
+    pause = PolicyDecision.need_approval("ledger_check", "check")
+
+    def reconcile(view):
+        kept.append(view)
+        return Reconciliation("waiting", pause=pause)
+
+    c.resumer([None], reconcile=reconcile).resume("r")
+    assert c.store.list_steps("r")[0].status == "awaiting_approval"
+    assert kept[0].steps[0].status == "interrupted"

@@ -23,10 +23,13 @@ class CancelToken:
     counts as done (``timed_out``); waits never run past it.
     """
 
-    __slots__ = ("_children", "_deadline", "_event", "_lock", "_reason")
+    __slots__ = ("_cancelled", "_children", "_deadline", "_event", "_lock", "_reason")
 
     def __init__(self, *, timeout: float | None = None, deadline: float | None = None) -> None:
-        self._event = threading.Event()
+        # The Event exists only once someone waits: a tool call makes a token,
+        # and most are never waited on.
+        self._cancelled = False
+        self._event: threading.Event | None = None
         self._lock = threading.Lock()
         self._children: list[CancelToken] = []
         self._reason = ""
@@ -42,7 +45,7 @@ class CancelToken:
     @property
     def cancelled(self) -> bool:
         """True once :meth:`cancel` was called (here or on a parent)."""
-        return self._event.is_set()
+        return self._cancelled
 
     @property
     def timed_out(self) -> bool:
@@ -51,20 +54,22 @@ class CancelToken:
     @property
     def done(self) -> bool:
         """Cancelled or past the deadline."""
-        return self._event.is_set() or self.timed_out
+        return self._cancelled or self.timed_out
 
     @property
     def reason(self) -> str:
-        if self._event.is_set():
+        if self._cancelled:
             return self._reason or "cancelled"
         return "deadline exceeded" if self.timed_out else ""
 
     def cancel(self, reason: str = "cancelled") -> None:
         with self._lock:
-            if self._event.is_set():
+            if self._cancelled:
                 return
             self._reason = reason
-            self._event.set()
+            self._cancelled = True
+            if self._event is not None:
+                self._event.set()
             children, self._children = self._children, []
         for child in children:
             child.cancel(reason)
@@ -74,13 +79,19 @@ class CancelToken:
         if self._deadline is not None:
             left = max(0.0, self._deadline - time.monotonic())
             seconds = left if seconds is None else min(seconds, left)
-        return self._event.wait(seconds)
+        with self._lock:
+            if self._cancelled:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(seconds)
 
     def child(self, timeout: float | None = None) -> CancelToken:
         """A token cancelled with this one, with its own optional timeout."""
         token = CancelToken(timeout=timeout, deadline=self._deadline)
         with self._lock:
-            if not self._event.is_set():
+            if not self._cancelled:
                 self._children.append(token)
                 return token
         token.cancel(self._reason or "cancelled")

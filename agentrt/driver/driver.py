@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import apsw
 
@@ -102,7 +102,7 @@ class Driver:
             policy_id=policy_id,
             tools=registered,
             observer=safe_observer(observer),
-            now=now or system_now,
+            now=_aware(now) if now is not None else system_now,
             wall=wall or wall_now,
             new_id=new_id or _default_id,
             model=model.resolved() if model is not None else None,
@@ -246,3 +246,14 @@ class Driver:
 
 def _default_id() -> str:
     return new_id()
+
+
+def _aware(now: Callable[[], datetime]) -> Callable[[], datetime]:
+    """The consumer's clock, with a naive reading taken as UTC (stored times are UTC,
+    and a naive one could not be compared with them)."""
+
+    def reading() -> datetime:
+        t = now()
+        return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
+
+    return reading

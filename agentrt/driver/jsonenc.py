@@ -41,7 +41,8 @@ def encode(value: Any) -> bytes:
     """Exactly :func:`agentrt.gojson.dumps` (HTML-escaping on), or EncodeError.
 
     A value that will not encode fails the run as internal_error rather than
-    being stored as something else.
+    being stored as something else. Records hold no floats (the reference's
+    hold none either); unlike the reference encoder, this one would write one.
     """
     try:
         out = orjson.dumps(value, default=_fragment)

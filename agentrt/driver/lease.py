@@ -86,6 +86,8 @@ class Lease:
             expires = self.wall() + self.ttl
             try:
                 with self.store.lease_connection() as conn:
+                    if conn is not self.store.db():  # its own connection: wait TTL/3 at most
+                        conn.set_busy_timeout(max(int(interval * 1000), 1))
                     held = renew_lease(conn, self.run_id, self.owner, expires)
             except apsw.Error:
                 continue  # busy or closed: try again at the next tick

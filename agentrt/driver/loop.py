@@ -30,7 +30,7 @@ from agentrt.driver.session import (
     encode,
     observation,
 )
-from agentrt.driver.snapshot import Snapshot, copy_run
+from agentrt.driver.snapshot import copy_run
 from agentrt.driver.stored import evolve
 from agentrt.driver.toolrun import ToolOutcome, run_tool
 from agentrt.driver.tools import check_args
@@ -131,8 +131,8 @@ def _decide(s: Session, run: Run, step: Step) -> Run | None:
             current[name] = exc
     given = StepInput(
         run=copy_run(run),
-        steps=Snapshot(s.steps[:step.index]),
-        approvals=Snapshot(s.approvals or ()),
+        steps=s.step_snapshot(step.index),
+        approvals=s.approval_snapshot(),
         tools=[copy.copy(c[0]) for c in current.values() if not isinstance(c, ValueError)],
         model=model,
         cancel=s.cancel,

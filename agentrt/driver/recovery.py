@@ -25,7 +25,7 @@ from agentrt.driver.session import (
     StepEnd,
     observation,
 )
-from agentrt.driver.snapshot import Snapshot, copy_run
+from agentrt.driver.snapshot import copy_run
 from agentrt.driver.tools import check_args
 from agentrt.errors import RunLeasedError
 from agentrt.events import EventType
@@ -213,7 +213,7 @@ def _pause_interrupted(s: Session, step: Step, now: datetime) -> Run:
 def _reconcile(s: Session, run: Run, executing: Step | None, now: datetime) -> Run | None:
     core = s.core
     assert core.reconcile is not None and s.steps is not None
-    view = RunView(copy_run(run), Snapshot(s.steps), Snapshot(s.approvals or ()))
+    view = RunView(copy_run(run), s.step_snapshot(len(s.steps)), s.approval_snapshot())
     try:
         rec = core.reconcile(view)
     except Exception as exc:  # noqa: BLE001 - a reconcile error fails the run

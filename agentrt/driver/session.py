@@ -27,6 +27,7 @@ from agentrt.driver.errors import CancelledError
 from agentrt.driver.jsonenc import encode
 from agentrt.driver.lease import Lease
 from agentrt.driver.policy import RunView
+from agentrt.driver.snapshot import Snapshot, copy_run
 from agentrt.driver.stored import (
     evolve,
     stored_decision,
@@ -171,6 +172,7 @@ class Session:
     signatures: dict[str, str] = field(default_factory=dict)
     _last: tuple[Step, tuple[str, str, str]] | None = None
     _limits_text: str = ""
+    _shared: int = 0
     _expires_text: str = ""
 
     # -- reading -----------------------------------------------------------
@@ -210,10 +212,7 @@ class Session:
         return ""
 
     def view(self, run: Run, n_steps: int) -> RunView:
-        from agentrt.driver.snapshot import Snapshot, copy_run
-
-        steps = self.steps or []
-        return RunView(copy_run(run), Snapshot(steps[:n_steps]), Snapshot(self.approvals or ()))
+        return RunView(copy_run(run), self.step_snapshot(n_steps), self.approval_snapshot())
 
     # -- writing -------------------------------------------------------------
 
@@ -239,9 +238,23 @@ class Session:
     def _cache_step(self, step: Step) -> None:
         assert self.steps is not None
         if step.index < len(self.steps):
+            if step.index < self._shared:
+                # A snapshot handed out may cover this step: leave it the old list.
+                self.steps = list(self.steps)
+                self._shared = 0
             self.steps[step.index] = step
         else:
             self.steps.append(step)
+
+    def step_snapshot(self, n: int) -> Snapshot[Step]:
+        """The first ``n`` steps as consumers see them, at O(1) cost."""
+        steps = self.steps or []
+        self._shared = max(self._shared, n)
+        return Snapshot(steps, n)
+
+    def approval_snapshot(self) -> Snapshot[Approval]:
+        approvals = self.approvals or []
+        return Snapshot(approvals, len(approvals))  # approvals are only ever appended
 
     def write_step(self, tx: Tx, step: Step, expected: tuple[str, ...] | None, *,
                    running: bool = False) -> Step:

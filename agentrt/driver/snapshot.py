@@ -21,15 +21,22 @@ T = TypeVar("T")
 
 
 class Snapshot(Sequence[T]):
-    """An immutable sequence of records; every read returns a fresh copy."""
+    """An immutable sequence of records; every read returns a fresh copy.
 
-    __slots__ = ("_items",)
+    It keeps a reference to the owner's list and a length, so taking one costs
+    the same at any run length. The owner promises never to change an element
+    below that length in place (the session copies its list before it rewrites
+    a step a snapshot may cover, see ``Session._cache_step``).
+    """
 
-    def __init__(self, items: Sequence[T] = ()) -> None:
-        self._items: tuple[T, ...] = tuple(items)
+    __slots__ = ("_items", "_n")
+
+    def __init__(self, items: Sequence[T] = (), n: int | None = None) -> None:
+        self._items = items
+        self._n = len(items) if n is None else min(n, len(items))
 
     def __len__(self) -> int:
-        return len(self._items)
+        return self._n
 
     @overload
     def __getitem__(self, index: int) -> T: ...
@@ -39,25 +46,33 @@ class Snapshot(Sequence[T]):
 
     def __getitem__(self, index: int | slice) -> T | Snapshot[T]:
         if isinstance(index, slice):
-            return Snapshot(self._items[index])
+            return Snapshot(tuple(self._items[: self._n][index]))
+        if index < 0:
+            index += self._n
+        if not 0 <= index < self._n:
+            raise IndexError("snapshot index out of range")
         return copy.deepcopy(self._items[index])
 
     def __iter__(self) -> Iterator[T]:
-        for item in self._items:
-            yield copy.deepcopy(item)
+        items = self._items
+        for i in range(self._n):
+            yield copy.deepcopy(items[i])
+
+    def _view(self) -> list[T]:
+        return list(self._items[: self._n])
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Snapshot):
-            return self._items == other._items
+            return self._view() == other._view()
         if isinstance(other, (list, tuple)):
-            return list(self._items) == list(other)
+            return self._view() == list(other)
         return NotImplemented
 
     def __hash__(self) -> int:  # pragma: no cover - records are unhashable anyway
         raise TypeError("unhashable type: 'Snapshot'")
 
     def __repr__(self) -> str:
-        return f"Snapshot({list(self._items)!r})"
+        return f"Snapshot({self._view()!r})"
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Snapshot[T]:
         return self  # already immutable from the outside
