@@ -12,6 +12,7 @@ import re
 import time
 from dataclasses import dataclass, replace
 
+import apsw
 import pytest
 from _cli_kit import Kit, invoke, snapshot
 
@@ -711,3 +712,19 @@ def test_pages_read_at_most_the_page_size_and_stop_at_the_first_total(monkeypatc
     assert list(limited) == [1, 2, 3, 4]
     assert asked == [(3, 1), (1, 4)]
     assert limited.more == limited.total - 1 - 4
+
+
+def test_a_decision_while_another_connection_holds_the_write_lock_is_refused(ops):
+    """The busy timeout (5 s) passes, nothing is decided, and the sentence says why."""
+    other = apsw.Connection(ops.path)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        result = run(ops, "approve", ops.waiting, "--yes")
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert result.code == 1
+    assert result.stderr == (
+        f"error: {ops.path}: another connection held the write lock for the whole busy "
+        "timeout; nothing was decided, try again: database is locked by another consumer\n")
+    assert ops.kit.store.get_approval(ops.waiting, ops.approval).status == "pending"

@@ -3,8 +3,8 @@
 The decisions themselves are the driver's operator functions (they need no
 lease and no agent); the wrappers here map the errors a race or a second
 operator produces onto the view's errors, so a front end can say what
-happened in one sentence. The driver is imported when a decision is made,
-not when the view is: reading a database should not pay for loading the loop.
+happened in one sentence. The driver is imported when a decision is made:
+the read model itself needs nothing of the loop.
 """
 
 from __future__ import annotations
@@ -79,13 +79,15 @@ def pending_approval(store: Store, run_id: str, approval_id: str = "") -> Approv
 
 
 @contextmanager
-def _mapped(*, cancelling: bool = False) -> Iterator[None]:
+def _mapped(store: Store, *, cancelling: bool = False) -> Iterator[None]:
     """Core errors in the operator's terms; anything else passes through (an
     unknown run or approval is the operator's typo, not a race)."""
     try:
         yield
     except (apsw.BusyError, apsw.LockedError) as exc:
-        raise DatabaseLockedError(str(exc)) from exc
+        raise DatabaseLockedError(
+            f"{store.path}: another connection held the write lock for the whole busy "
+            "timeout; nothing was decided, try again") from exc
     except RunStateError as exc:
         if cancelling:
             raise RunFinishedError(exc.detail) from exc
@@ -103,14 +105,14 @@ def _operator(store: Store, observer: Observer | None, now: Clock | None) -> Ope
 def approve(store: Store, run_id: str, approval_id: str, by: str, note: str = "", *,
             observer: Observer | None = None, now: Clock | None = None) -> Approval:
     """Grant a pending approval; the run stays waiting until its consumer resumes it."""
-    with _mapped():
+    with _mapped(store):
         return _operator(store, observer, now).approve(run_id, approval_id, by, note)
 
 
 def reject(store: Store, run_id: str, approval_id: str, by: str, note: str = "", *,
            observer: Observer | None = None, now: Clock | None = None) -> Approval:
     """Refuse a pending approval; the run ends CANCELLED as approval_rejected."""
-    with _mapped():
+    with _mapped(store):
         return _operator(store, observer, now).reject(run_id, approval_id, by, note)
 
 
@@ -121,7 +123,7 @@ def approve_shown(store: Store, run_id: str, approval_id: str, shown_hash: str, 
 
     A changed approval raises :class:`~agentrt.errors.ApprovalChangedError`.
     """
-    with _mapped():
+    with _mapped(store):
         return _operator(store, observer, now).approve_shown(
             run_id, approval_id, shown_hash, by, note)
 
@@ -130,7 +132,7 @@ def reject_shown(store: Store, run_id: str, approval_id: str, shown_hash: str, b
                  note: str = "", *, observer: Observer | None = None,
                  now: Clock | None = None) -> Approval:
     """Reject only if the approval still has the hash the operator was shown."""
-    with _mapped():
+    with _mapped(store):
         return _operator(store, observer, now).reject_shown(
             run_id, approval_id, shown_hash, by, note)
 
@@ -138,5 +140,5 @@ def reject_shown(store: Store, run_id: str, approval_id: str, shown_hash: str, b
 def cancel(store: Store, run_id: str, by: str, note: str = "", *,
            observer: Observer | None = None, now: Clock | None = None) -> Run:
     """End a run as operator_cancelled; a finished run raises RunFinishedError."""
-    with _mapped(cancelling=True):
+    with _mapped(store, cancelling=True):
         return _operator(store, observer, now).cancel(run_id, by, note)
