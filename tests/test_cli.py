@@ -728,3 +728,26 @@ def test_a_decision_while_another_connection_holds_the_write_lock_is_refused(ops
         f"error: {ops.path}: another connection held the write lock for the whole busy "
         "timeout; nothing was decided, try again: database is locked by another consumer\n")
     assert ops.kit.store.get_approval(ops.waiting, ops.approval).status == "pending"
+
+
+def test_show_reports_model_use_from_the_run_row(ops):
+    with ops.kit.store.tx() as tx:
+        tx.execute("UPDATE runs SET model_calls = 2, input_tokens = 1200, output_tokens = 300, "
+                   "estimated_cost_micros = 4500 WHERE id = ?", (ops.done,))
+    lines = run(ops, "show", ops.done).stdout.splitlines()
+    assert lines[5] == "model   2 call(s), 1200 in, 300 out, estimated $0.0045"
+    assert not any(line.startswith("model ") for line in run(ops, "show", ops.waiting)
+                   .stdout.splitlines())
+
+
+def test_an_error_quoting_the_database_is_sanitized(ops):
+    with ops.kit.store.tx() as tx:
+        tx.execute("INSERT INTO approvals (id, run_id, step_id, kind, capability_json, "
+                   "presentation_json, request_json, hash, status, created_at) "
+                   "SELECT ?, run_id, step_id, kind, capability_json, presentation_json, "
+                   "request_json, hash, status, created_at FROM approvals WHERE id = ?",
+                   ("evil\x1b[31m\u202e", ops.approval))
+    result = run(ops, "approve", ops.waiting, "--yes")
+    assert result.code == 1
+    assert "\x1b" not in result.stderr and "\u202e" not in result.stderr
+    assert "evil\\x1b[31m\\u{202e}: more than one pending approval" in result.stderr
