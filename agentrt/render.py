@@ -1,0 +1,320 @@
+"""How the ``agentrt`` command prints the view: aligned tables, the approval block,
+indented JSON, and text clipped to what a terminal line can hold.
+
+Everything a database holds may have been written by an agent, a tool or
+whoever handed the file over, so every stored string shown as text passes
+through :func:`agentrt.trace.sanitize` here: nothing in it can move the
+cursor, reorder a line or hide characters. JSON output needs no such care,
+since its strings are escaped.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from agentrt.gojson import is_valid, raw_members
+from agentrt.records import Approval
+from agentrt.timefmt import ZERO_TIME
+from agentrt.trace import sanitize
+from agentrt.view import RunSummary, StepSummary, bound_raw, bound_string
+
+__all__ = [
+    "GOAL_COLUMN_BYTES",
+    "PAYLOAD_BYTES",
+    "RUNS_HEADER",
+    "STEPS_HEADER",
+    "TEXT_FIELD_BYTES",
+    "Table",
+    "approval_block",
+    "cap_payload",
+    "clip_bytes",
+    "clip_goal",
+    "indent_json",
+    "local_stamp",
+    "run_header",
+    "run_row",
+    "step_row",
+    "trailer",
+]
+
+#: A text field (goal, detail, summary, reason) shown in full up to this many bytes.
+TEXT_FIELD_BYTES = 4000
+#: An event payload in the aligned trace line, up to this many bytes.
+PAYLOAD_BYTES = 8000
+#: The goal column of ``agentrt runs``.
+GOAL_COLUMN_BYTES = 60
+
+RUNS_HEADER = ("RUN", "STATUS", "REASON", "STEPS", "CREATED", "APPROVAL", "GOAL")
+STEPS_HEADER = ("STEP", "TOOL", "DECISION", "STATUS", "POLICY", "OBSERVATION", "SUMMARY")
+
+# What a page read leaves at the end of a text column it cut.
+_PAGE_MARKER = re.compile(r"…\[truncated: \d+ characters\]\Z")
+
+
+def _cut(data: bytes, limit: int) -> int:
+    """The largest character boundary at or below ``limit``."""
+    i = min(limit, len(data))
+    while 0 < i < len(data) and data[i] & 0xC0 == 0x80:
+        i -= 1
+    return i
+
+
+def clip_bytes(text: str, limit: int = TEXT_FIELD_BYTES) -> str:
+    """``text`` cut to ``limit`` UTF-8 bytes on a character boundary, plus
+    ``...[N more bytes]``. A text a page read already cut keeps that read's
+    marker instead, because it gives the full length, which this cut cannot."""
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= limit:
+        return text
+    head = data[:_cut(data, limit)].decode("utf-8", "surrogatepass")
+    marker = _PAGE_MARKER.search(text)
+    if marker is not None:
+        return head + marker.group()
+    return f"{head}...[{len(data) - len(head.encode('utf-8', 'surrogatepass'))} more bytes]"
+
+
+def clip_goal(goal: str, limit: int = GOAL_COLUMN_BYTES) -> str:
+    """A goal for one table cell: sanitized (newlines become spaces), cut to
+    ``limit`` bytes with ``…``."""
+    text = sanitize(goal)
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= limit:
+        return text
+    return data[:_cut(data, limit)].decode("utf-8", "surrogatepass") + "…"
+
+
+def cap_payload(payload: bytes, limit: int = PAYLOAD_BYTES) -> bytes:
+    """A payload for the aligned trace line: its head up to ``limit`` bytes and
+    ``...[N more bytes]``."""
+    if len(payload) <= limit:
+        return payload
+    end = _cut(payload, limit)
+    return payload[:end] + b"...[%d more bytes]" % (len(payload) - end)
+
+
+def local_stamp(t: datetime | None) -> str:
+    """``2006-01-02 15:04:05 -0700`` in the local zone; ``-`` for no time."""
+    if t is None or t == ZERO_TIME:
+        return "-"
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
+    try:
+        local = t.astimezone()
+    except (OverflowError, ValueError):  # near year 1 or 9999: keep its own zone
+        local = t
+    offset = int((local.utcoffset() or timedelta(0)).total_seconds()) // 60
+    sign = "-" if offset < 0 else "+"
+    hours, minutes = divmod(abs(offset), 60)
+    return local.strftime("%Y-%m-%d %H:%M:%S ") + f"{sign}{hours:02d}{minutes:02d}"
+
+
+def _dash(text: str) -> str:
+    return sanitize(text) if text else "-"
+
+
+# -- tables ------------------------------------------------------------------
+
+
+@dataclass
+class Table:
+    """Columns aligned as Go's tabwriter aligns them (two spaces of padding, the
+    last column left ragged), one page of rows at a time.
+
+    A listing read in pages is printed page by page so memory stays bounded;
+    a column only ever widens, so the pages line up as long as no later cell
+    is wider than every earlier one.
+    """
+
+    header: Sequence[str]
+    widths: list[int] = field(default_factory=list)
+    _started: bool = False
+
+    def page(self, rows: Sequence[Sequence[str]]) -> list[str]:
+        """The lines for ``rows`` (preceded by the header the first time)."""
+        block = [list(self.header)] if not self._started else []
+        block += [list(r) for r in rows]
+        self._started = True
+        columns = len(self.header) - 1
+        if not self.widths:
+            self.widths = [0] * columns
+        for row in block:
+            for i in range(columns):
+                self.widths[i] = max(self.widths[i], len(row[i]))
+        return [
+            ("".join(c.ljust(w + 2) for c, w in zip(row[:-1], self.widths, strict=True))
+             + row[-1]).rstrip()
+            for row in block
+        ]
+
+
+def run_row(s: RunSummary) -> list[str]:
+    return [
+        sanitize(s.id),
+        sanitize(s.status),
+        _dash(s.reason),
+        str(s.steps),
+        local_stamp(s.created_at),
+        _dash(s.pending_approval_id),
+        clip_goal(s.goal),
+    ]
+
+
+def step_row(s: StepSummary) -> list[str]:
+    summary = s.summary
+    if s.decode_error:
+        summary = f"{summary} [unread: {s.decode_error}]".lstrip()
+    return [
+        str(s.index),
+        _dash(s.tool),
+        _dash(s.decision),
+        _dash(s.status),
+        _dash(s.policy),
+        _dash(s.observation),
+        sanitize(clip_bytes(summary)) if summary else "",
+    ]
+
+
+def trailer(noun: str, offset: int, shown: int, total: int) -> str | None:
+    """``... N more <noun>(s); rerun with --offset X to see them (showing n of total)``,
+    or None when nothing lies beyond the page."""
+    more = total - offset - shown
+    if more <= 0:
+        return None
+    return (f"... {more} more {noun}(s); rerun with --offset {offset + shown} to see them "
+            f"(showing {shown} of {total})")
+
+
+# -- the run header --------------------------------------------------------------
+
+
+def _dollars(micros: int) -> str:
+    return f"${micros / 1_000_000:.4f}"
+
+
+def run_header(s: RunSummary) -> list[str]:
+    """The lines above a run's approvals and steps in ``agentrt show``."""
+    status = sanitize(s.status)
+    if s.reason:
+        status += f" ({sanitize(s.reason)})"
+    if s.reason_detail:
+        status += f": {sanitize(clip_bytes(s.reason_detail))}"
+    stamps = f"created {local_stamp(s.created_at)}"
+    if s.finished_at is not None and s.finished_at != ZERO_TIME:
+        stamps += f"  finished {local_stamp(s.finished_at)}"
+    lines = [
+        f"run     {sanitize(s.id)}",
+        f"goal    {sanitize(clip_bytes(s.goal))}",
+        f"status  {status}",
+        f"steps   {s.steps}",
+        stamps,
+    ]
+    if s.model_calls > 0:
+        lines.append(
+            f"model   {s.model_calls} call(s), {s.usage.input_tokens} in, "
+            f"{s.usage.output_tokens} out, estimated {_dollars(s.estimated_cost_micros)}")
+    return lines
+
+
+# -- JSON --------------------------------------------------------------------
+
+_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[{}\[\],:]|[^"{}\[\],:\s]+|\s+', re.DOTALL)
+
+
+def indent_json(data: bytes, level: int = 0) -> bytes:
+    """Valid JSON re-indented two spaces a level, as Go's ``MarshalIndent`` writes
+    it (``{}`` and ``[]`` stay on one line; strings and numbers untouched).
+    ``level`` is the depth the value starts at, for a value inside a document."""
+    out: list[bytes] = []
+    depth = level
+    tokens = _TOKEN.findall(data)
+    i, n = 0, len(tokens)
+    while i < n:
+        t = tokens[i]
+        if t == b"{" or t == b"[":
+            close = b"}" if t == b"{" else b"]"
+            j = i + 1
+            while j < n and tokens[j].isspace():
+                j += 1
+            if j < n and tokens[j] == close:
+                out.append(t + close)
+                i = j + 1
+                continue
+            depth += 1
+            out.append(t + b"\n" + b"  " * depth)
+        elif t == b"}" or t == b"]":
+            depth -= 1
+            out.append(b"\n" + b"  " * depth + t)
+        elif t == b",":
+            out.append(b",\n" + b"  " * depth)
+        elif t == b":":
+            out.append(b": ")
+        elif not t.isspace():
+            out.append(t)
+        i += 1
+    return b"".join(out)
+
+
+# -- the approval block --------------------------------------------------------
+
+
+def _fields(raw: bytes) -> list[tuple[str, bytes]] | str:
+    """An object's members, ``(none)``, ``(no fields)``, or a non-object as ``value``."""
+    if not raw.strip() or raw.strip() == b"null":
+        return "(none)"
+    try:
+        members = raw_members(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return [("value", raw)]
+    if not members:
+        return "(no fields)"
+    return list(members.items())
+
+
+def _field_lines(raw: bytes) -> list[str]:
+    fields = _fields(raw)
+    if isinstance(fields, str):
+        return [f"  {fields}"]
+    lines: list[str] = []
+    for key, value in fields:
+        lines.append(f"  {sanitize(bound_string(key))} ({len(value)} bytes)")
+        shown = bound_raw(value)
+        if is_valid(shown):
+            text = indent_json(shown).decode("utf-8", "replace")
+        else:
+            text = bound_string(shown.decode("utf-8", "replace"))
+        lines.extend(f"    {sanitize(line)}" for line in text.split("\n"))
+    return lines
+
+
+def approval_block(a: Approval, *, reason: str = "", db_path: str = "") -> list[str]:
+    """The request an operator decides on, every field of it, bounded for showing.
+
+    ``hash`` is what a decision made after reading this block is bound to.
+    ``db_path`` adds the command that decides it.
+    """
+    tool = a.request.spec.name if a.request is not None else ""
+    lines = [
+        f"APPROVAL WAITING  {sanitize(a.id)}",
+        f"kind    {sanitize(a.kind)}",
+        f"tool    {_dash(tool)}",
+    ]
+    if reason:
+        lines.append(f"reason  {sanitize(clip_bytes(reason))}")
+    if a.expires_at is not None:
+        lines.append(f"expires {local_stamp(a.expires_at)}")
+    if a.decode_error:
+        lines.append(f"unread  {sanitize(clip_bytes(a.decode_error))}")
+    lines.append(f"hash    {sanitize(a.hash)}")
+    lines.append("arguments:")
+    lines.extend(_field_lines(a.request.args if a.request is not None else b""))
+    lines.append("presentation:")
+    lines.extend(_field_lines(a.presentation))
+    if db_path:
+        lines.append(f"decide with: agentrt --db {shlex.quote(sanitize(db_path))} approve "
+                     f"{shlex.quote(sanitize(a.run_id))} --approval {shlex.quote(sanitize(a.id))}")
+    lines.append(f"----- end of approval {sanitize(a.id)} for tool {_dash(tool)} -----")
+    return lines

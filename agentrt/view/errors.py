@@ -1,0 +1,83 @@
+"""The view's errors: what an operator's decision ran into, in the operator's words.
+
+The decision wrappers map the runtime's errors onto these, so a front end can
+say "the run is already finished" without knowing which core error a race
+produced. Each also subclasses the core error it stands for where there is
+one (``except RunStateError`` still catches :class:`RunFinishedError`), and
+keeps the core error as ``__cause__``. Messages read ``<detail>: <sentinel>``,
+as the reference's wrapped errors do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from agentrt.errors import AgentrtError, NotPendingError, RunStateError
+
+__all__ = [
+    "AmbiguousApprovalError",
+    "ApprovalDecidedError",
+    "ApprovalNotPendingError",
+    "DatabaseLockedError",
+    "NoPendingApprovalError",
+    "RunFinishedError",
+    "RunNotWaitingError",
+    "ViewError",
+]
+
+
+class ViewError(AgentrtError):
+    """Base class of the view's errors; ``sentinel`` is the fixed part of the text."""
+
+    sentinel = "view error"
+
+    def __init__(self, detail: str = "") -> None:
+        self.detail = detail
+        Exception.__init__(self, f"{detail}: {self.sentinel}" if detail else self.sentinel)
+
+
+class DatabaseLockedError(ViewError):
+    """Another connection held the write lock past the busy timeout."""
+
+    sentinel = "database is locked by another consumer"
+
+
+class RunNotWaitingError(ViewError, RunStateError):
+    """An approval was to be decided on a run that is not waiting for one."""
+
+    sentinel = "run is not waiting for approval"
+
+
+class ApprovalDecidedError(ViewError, NotPendingError):
+    """The approval was decided (or expired) before this decision landed."""
+
+    sentinel = "approval is already decided"
+
+
+class RunFinishedError(ViewError, RunStateError):
+    """A cancel found the run already ended."""
+
+    sentinel = "run is already finished"
+
+
+class ApprovalNotPendingError(ViewError, NotPendingError):
+    """The approval an operator named is no longer pending."""
+
+    sentinel = "approval is not pending"
+
+
+class NoPendingApprovalError(ViewError):
+    """The run has no pending approval to decide."""
+
+    sentinel = "no pending approval"
+
+
+class AmbiguousApprovalError(ViewError):
+    """The run has several pending approvals and none was named."""
+
+    sentinel = "more than one pending approval"
+
+    def __init__(self, detail: str, ids: Sequence[str] = (), total: int = 0) -> None:
+        self.ids = list(ids)
+        self.total = total
+        super().__init__(detail)
