@@ -17,7 +17,7 @@ import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import IO, Any, Generic, TypeVar, cast
 
 import apsw
@@ -448,7 +448,7 @@ def events(run_id: str, limit: int, offset: int, db: str | None, as_json: bool) 
                         % (pages.total, pages.returned, offset))
             return
         for event in pages:
-            out.raw(aligned_line(replace(event, payload=cap_payload(event.payload)))
+            out.raw(aligned_line(event._replace(payload=cap_payload(event.payload)))
                     .encode("utf-8", "replace"))
         _trail(out, "event", pages)
 

@@ -616,8 +616,8 @@ def test_open_trigger_carrying_database_refused_with_one_sentence(ops):
     assert result.code == 1
     assert result.stderr == (
         f'error: agentrt: database holds a trigger or view: {ops.path} has view "sneaky"; the '
-        "runtime creates neither and will not run SQL a database's author put there: open a "
-        "copy without it\n")
+        "runtime creates neither and will not run SQL a database's author put there: drop it "
+        '(DROP VIEW "sneaky") if you trust the file, or open a copy without it\n')
 
 
 def test_open_symlink_refused_with_one_sentence(ops, tmp_path):
