@@ -4,31 +4,10 @@ The tables are the state; the events, committed in the same transaction,
 are the explanation.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from agentrt.canonical import canonical_json, check_json, content_hash, policy_json
 from agentrt.chain import chain_hash
-from agentrt.driver import (
-    AbortRun,
-    CancelledError,
-    CancelToken,
-    DefaultPolicy,
-    Driver,
-    FuncTool,
-    ModelConfig,
-    Operator,
-    PolicyFunc,
-    Reconciliation,
-    RunView,
-    SideEffectPolicy,
-    StepInput,
-    ToolCall,
-    ToolError,
-    ToolResult,
-    approve,
-    approve_shown,
-    cancel,
-    reject,
-    reject_shown,
-)
 from agentrt.errors import (
     AgentrtError,
     ApprovalChangedError,
@@ -74,6 +53,65 @@ from agentrt.records import (
     default_limits,
 )
 from agentrt.store import Store, open_existing, open_store
+
+if TYPE_CHECKING:
+    from agentrt.driver import (
+        AbortRun,
+        CancelledError,
+        CancelToken,
+        DefaultPolicy,
+        Driver,
+        FuncTool,
+        ModelConfig,
+        Operator,
+        PolicyFunc,
+        Reconciliation,
+        RunView,
+        SideEffectPolicy,
+        StepInput,
+        ToolCall,
+        ToolError,
+        ToolResult,
+        approve,
+        approve_shown,
+        cancel,
+        reject,
+        reject_shown,
+    )
+
+#: The loop's names load on first use: the operator command and the exporters
+#: never run it, and its imports (jsonschema among them) cost ~150 ms a start.
+_DRIVER_NAMES = frozenset({
+    "AbortRun",
+    "CancelledError",
+    "CancelToken",
+    "DefaultPolicy",
+    "Driver",
+    "FuncTool",
+    "ModelConfig",
+    "Operator",
+    "PolicyFunc",
+    "Reconciliation",
+    "RunView",
+    "SideEffectPolicy",
+    "StepInput",
+    "ToolCall",
+    "ToolError",
+    "ToolResult",
+    "approve",
+    "approve_shown",
+    "cancel",
+    "reject",
+    "reject_shown",
+})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DRIVER_NAMES:
+        from agentrt import driver
+
+        return getattr(driver, name)
+    raise AttributeError(f"module 'agentrt' has no attribute {name!r}")
 
 __all__ = [
     "ALL_EVENT_TYPES",
