@@ -240,7 +240,13 @@ def otel(endpoint: str | None, protocol: str | None, headers: tuple[str, ...],
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: exit 0 ok, 1 on failure (``error: <sentence>``), 2 on usage."""
     _install_signal_handlers()
-    sys.exit(run_click(cli, "agentrt-export", argv))
+    code = run_click(cli, "agentrt-export", argv)
+    # Interpreter shutdown puts Python-level handlers back to the default
+    # (terminate), but leaves an ignored signal ignored: the work is done and
+    # saved, so a late signal must not turn a clean exit into -15.
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, signal.SIG_IGN)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
