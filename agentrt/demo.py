@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import sys
 from datetime import timedelta
 
@@ -86,32 +87,34 @@ def run_demo(path: str) -> tuple[Store, Run]:
     return store, run
 
 
-def _show(text: str, width: int = 110) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
+def _command(prog: str, args: list[str], head: int = 0) -> None:
+    """Run one of the shipped commands in this process, as a person would type it."""
+    from agentrt.cli import cli as agentrt_cli
+    from agentrt.clitools import run_click
+    from agentrt_export.cli import cli as export_cli
+
+    shown = " ".join(args) + (f" | head -n {head}" if head else "")
+    print(f"$ {prog} {shown}", flush=True)
+    group = agentrt_cli if prog == "agentrt" else export_cli
+    if not head:
+        run_click(group, prog, args)
+        print(flush=True)
+        return
+    module = "agentrt.cli" if prog == "agentrt" else "agentrt_export.cli"
+    done = subprocess.run([sys.executable, "-m", module, *args], capture_output=True,
+                          check=False)
+    lines = done.stdout.splitlines(keepends=True)
+    sys.stdout.buffer.write(b"".join(lines[:head]))
+    print(f"... {len(lines) - head} more record(s)\n", flush=True)
 
 
-def _print(store: Store, run: Run) -> None:
-    print(f"run {run.id}: {run.status} ({run.reason}) after {run.step_count} steps")
-    print(f"  goal:   {run.goal}")
-    print(f"  result: {run.result.decode('utf-8', 'replace')}")
-    print()
-    print("steps:")
-    for s in store.list_steps(run.id):
-        tool = s.decision.tool if s.decision and s.decision.tool else (
-            s.decision.kind if s.decision else "")
-        summary = s.observation.summary if s.observation else ""
-        print(f"  {s.index}  {s.status:<9} {tool:<11} {_show(summary, 80)}")
-    print()
-    print("events:")
-    for e in store.list_events(run.id):
-        at = e.at.strftime("%H:%M:%S.%f")[:-3]
-        step = e.step_id[:8] if e.step_id else "-"
-        print(f"  {e.seq:>3}  {at}  {e.type:<19} {step:<8}  "
-              f"{_show(e.payload.decode('utf-8', 'replace'), 70)}")
-    report = store.verify_events()
-    print()
-    print(f"event chain: {report.checked} events verified, head {report.hash[:16]}…"
-          if report.broken is None else f"event chain BROKEN: {report.broken}")
+def _print(path: str, run: Run) -> None:
+    """What an operator sees: the operator command and the JSON Lines exporter."""
+    _command("agentrt", ["--db", path, "runs"])
+    _command("agentrt", ["--db", path, "show", run.id])
+    _command("agentrt", ["--db", path, "events", run.id])
+    _command("agentrt", ["--db", path, "verify"])
+    _command("agentrt-export", ["jsonl", "--db", path], head=4)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,11 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     except (AgentrtError, OSError) as exc:
         print(f"demo: cannot record into {path}: {exc}", file=sys.stderr)
         return 1
-    try:
-        _print(store, run)
-    finally:
-        store.close()
-    print(f"\nrecorded in {path}")
+    store.close()
+    _print(path, run)
+    print(f"recorded in {path}; try: agentrt --db {path} runs")
     return 0 if run.status == "COMPLETED" else 1
 
 

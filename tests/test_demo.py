@@ -24,10 +24,14 @@ def test_the_demo_records_the_whole_scenario_and_prints_it(tmp_path):
         done = run_demo(db)
         assert done.returncode == 0, done.stderr
     out = done.stdout
-    assert "COMPLETED (goal_completed) after 6 steps" in out
+    # What the operator command and the JSON Lines exporter show, as typed.
+    assert "$ agentrt --db" in out and "$ agentrt-export jsonl --db" in out
+    assert "status  COMPLETED (goal_completed)" in out
     assert "invalid decision: arguments do not match schema" in out
     assert "denied: side effect destructive is deny by policy" in out
-    assert "event chain: 31 events verified" in out
+    assert "approval.decided" in out
+    assert "intact: 31 event(s), seq 1 to 31" in out
+    assert '{"seq":1,"run_id":' in out and "... 27 more record(s)" in out
     store = open_existing(str(db), read_only=True)
     (run,) = store.list_runs()
     types = [e.type for e in store.list_events(run.id)]
