@@ -4,8 +4,9 @@ The scenario goes through what the runtime is for: two allowed tool calls, a
 malformed request (recorded verbatim, refused by the schema), a destructive
 call the policy denies, a deploy that pauses for a person, the operator's
 approval through the same function the ``agentrt`` command calls, the resume
-that executes exactly the approved request, and the finish. Then it prints the
-run and every event, read back from the file.
+that executes exactly the approved request, and the finish. Then it shows the
+file through the shipped commands: ``agentrt runs``, ``show``, ``events`` and
+``verify``, and the first records of ``agentrt-export jsonl``.
 """
 
 from __future__ import annotations
