@@ -19,10 +19,9 @@ from pathlib import Path
 
 import pytest
 from eventdb import REPO_ROOT, child_env, make_db
+from stress import rounds
 
 from agentrt.store import open_existing
-
-STRESS = os.environ.get("AGENTRT_STRESS") == "1"
 
 
 def exporter(db: str, *args: str, stdout=None, stderr=subprocess.PIPE) -> subprocess.Popen:
@@ -94,13 +93,14 @@ def test_export_is_exactly_once_across_a_signal_and_a_restart(tmp_path, sig):
     assert seqs == list(range(1, head_seq(db) + 1))
 
 
+@pytest.mark.slow
 def test_export_redelivers_at_most_one_page_per_sigkill(tmp_path):
-    kills = 40 if STRESS else 6
+    kills = rounds(6, 40)
     page = 20
     db = str(tmp_path / "runs.db")
     make_db(db, runs=10, events_per_run=30).close()
     cursor = str(tmp_path / "cursor")
-    live = writer(db, runs=2000 if STRESS else 300, per_run=7, pause=0.005)
+    live = writer(db, runs=rounds(300, 2000), per_run=7, pause=0.005)
     rng = random.Random(7)
     segments: list[list[int]] = []
     try:

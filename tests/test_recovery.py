@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from _driver_kit import SCHEMA_N, call, limits, types
+from stress import rounds
 
 from agentrt.driver import (
     DefaultPolicy,
@@ -407,7 +408,9 @@ def test_a_process_that_dies_mid_tool_is_taken_over_and_not_rerun_without_approv
     assert store.verify_events().broken is None
 
 
-def test_two_processes_racing_to_resume_one_approved_run_execute_it_once(tmp_path):
+@pytest.mark.slow
+@pytest.mark.parametrize("attempt", range(rounds(1, 20)))
+def test_two_processes_racing_to_resume_one_approved_run_execute_it_once(tmp_path, attempt):
     db = str(tmp_path / "runs.db")
     store = open_store(db)
     same_spec_as_the_children = FuncTool("publish", lambda c: None,

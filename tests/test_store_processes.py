@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from store_helpers import T0, fill, insert_run, worker
+from stress import rounds
 
 from agentrt import open_existing, open_store
 
@@ -29,8 +30,9 @@ def read_line(proc) -> str:
     return line.strip()
 
 
+@pytest.mark.slow
 def test_two_processes_opening_one_new_file_both_succeed(tmp_path):
-    for attempt in range(3):  # several races, each on a fresh file
+    for attempt in range(rounds(3, 30)):  # several races, each on a fresh file
         path = str(tmp_path / f"new{attempt}.db")
         go = str(tmp_path / f"go{attempt}")
         procs = [worker("open", path, go) for _ in range(2)]
@@ -42,7 +44,9 @@ def test_two_processes_opening_one_new_file_both_succeed(tmp_path):
             assert [v for (v,) in versions] == [1, 2, 3, 4, 5, 6]  # applied once
 
 
-def test_four_processes_appending_at_once_leave_one_intact_chain(tmp_path):
+@pytest.mark.slow
+@pytest.mark.parametrize("attempt", range(rounds(1, 10)))
+def test_four_processes_appending_at_once_leave_one_intact_chain(tmp_path, attempt):
     path = str(tmp_path / "busy.db")
     open_store(path).close()
     go = str(tmp_path / "go")
