@@ -100,7 +100,10 @@ def _libc() -> ctypes.CDLL | None:
 
 
 def open_waiter(db_path: str) -> ChangeWaiter:
-    """A waiter watching ``db_path`` and its journal files, or a plain timed one."""
+    """A waiter watching ``db_path`` and its journal files, or a plain timed one
+    (no inotify, or no file to watch: an in-memory store)."""
+    if db_path in ("", ":memory:") or not os.path.isfile(db_path):
+        return ChangeWaiter()
     libc = _libc()
     if libc is None:
         return ChangeWaiter()
