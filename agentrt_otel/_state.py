@@ -64,11 +64,9 @@ class RunState:
         "approvals",
         "current",
         "ended_approvals",
-        "last_ended",
         "models",
         "run",
         "run_id",
-        "seen_created",
         "steps",
     )
 
@@ -81,10 +79,6 @@ class RunState:
         self.approvals: dict[str, tuple[OpenSpan, str]] = {}
         # Approvals whose span this mapper ended while the run was open.
         self.ended_approvals: set[str] = set()
-        # The step this mapper ended last, and whether it saw run.created
-        # (then it has seen every event of the run and needs no store).
-        self.last_ended = ""
-        self.seen_created = False
 
     def empty(self) -> bool:
         return self.run is None and not self.steps and not self.models and not self.approvals

@@ -1,4 +1,5 @@
-"""The event stream mapped to OpenTelemetry spans: pure, stateful, no I/O.
+"""The event stream mapped to OpenTelemetry spans: pure, stateful, and its only
+I/O is reading earlier events from its source after a restart.
 
 :class:`SpanMapper` is fed events in seq order (as a follower delivers them)
 and returns the spans each event finishes. A span is returned only when it
@@ -16,12 +17,35 @@ is dropped as soon as nothing of it is open, so memory follows open spans
 only. Besides, a bounded memory (``finished_runs``, default 4096) of recently
 finished runs lets events that arrive after ``run.finished`` be recognised.
 
-Restarts (spec 3.6). A span whose start event was not seen is rebuilt from
-the optional :class:`SpanStartSource` (a read-only store): the run from its
-row (creation time, goal, limits), the step from its row (start, index,
-decision and policy), the approval from its row (creation time, kind, hash,
-capability, presentation). Without a source, or when the row is missing, the
-span starts at the event and carries ``agentrt.span.start_unknown = true``.
+Restarts: rebuilt by replay. The events table is the complete, ordered
+record of every run, and it is exactly what the first pass mapped (a follower
+reads it through the same capped page reads). So when this mapper meets an
+event of a run it holds nothing of (it started on a cursor past the run's
+first events), and it has a :class:`SpanStartSource` (a read-only store), it
+first maps the run's earlier events (seq below the event's) again, read a
+page of ``REPLAY_PAGE`` (200) events at a time, then the event itself. The
+run's spans that the replay ends are dropped: they ended before the cursor,
+so the process before delivered them. Every start time, attribute and span
+event is then the one a single pass produces, and a run that finished before
+the cursor is known to have finished (its late tool result or model result
+ends the same span as in one pass). A ``run.created`` needs no replay (it is
+a run's first event), so a pass from the start never reads the source.
+
+Cost: each run is replayed at most once per mapper, on its first event after
+the cursor: one indexed read per 200 of its earlier events, each mapped once
+more, in memory of one page plus the run's open spans. A restart thus reads
+again at most the earlier events of the runs that go on after the cursor
+(never the whole table), and only when they go on. The one exception is a
+run that has left the finished memory (below): each later event of it (a late
+result after ``finished_runs`` other runs ended) replays it again. (So would
+each event of a run whose earlier events leave nothing open; the runtime
+never writes one, as every run begins with ``run.created``.)
+
+Without a source (or when the read fails, logged once) the mapper starts the
+span it missed at the event that shows it, flagged
+``agentrt.span.start_unknown = true``; a step ended by a tool result starts at
+the implied tool start (the event's time minus ``duration_ms``), a model call
+at its result's time minus ``latency_ms``.
 
 Deliberate departures from the reference (each keeps restart invariance):
 
@@ -43,23 +67,15 @@ Deliberate departures from the reference (each keeps restart invariance):
 3. *A second decision on an approval whose span already ended* (a spent
    grant expiring when the run resumes, ``approved`` then ``expired``) is a
    span event ``approval.decided`` on its step instead of a second approval
-   span with the same id. After a restart the store tells the two apart: the
-   stored decision is older than the event.
+   span with the same id.
 
-4. *After a restart, the last step of a run that ends* is ended with the run
-   even when this mapper saw none of its events (a completion decided just
-   before the restart): the store shows whether it was still open. The
-   reference never ends that span.
-
-Known limits of restart invariance, where the store keeps no record: span
-events emitted before a restart are not rebuilt; a step rebuilt after its
-approved resume starts at its stored start (the runtime moves it to the
-resume time) and has only the policy attributes of its latest decision (one
-pass accumulates those of every ``step.policy``); a rebuilt approval has no
-``agentrt.approval.reason``; a model call whose dispatch preceded a restart
-starts at completion time minus its whole milliseconds of latency, and one
-that never reports is not rebuilt; ``agentrt.payload.truncated`` of a
-``run.created`` over the page cap needs the event itself.
+With a source, restart invariance is exact: the spans of any number of
+restarts equal one pass's, apart from a page exported twice after a kill.
+The one case outside it is departure 2 past the finished memory: a cancelled
+run's call whose result comes after ``finished_runs`` other runs ended is
+exported as ``unknown`` when its run is pushed out, and again with its
+result; a mapper that started after the run ended may not have held it, and
+exports only the second.
 """
 
 from __future__ import annotations
@@ -94,9 +110,10 @@ from agentrt_otel._fields import (
     TOOL_ERROR,
     TOOL_NAME,
     decode_limits,
+    event_time_ns,
 )
 from agentrt_otel._payload import Field, Payload
-from agentrt_otel._restart import Lookups, event_time_ns, open_at_run_end
+from agentrt_otel._restart import ReadFailed, earlier_events
 from agentrt_otel._state import Attrs, Finished, OpenSpan, RunState, StepState
 from agentrt_otel.ids import span_id, trace_id
 from agentrt_otel.records import (
@@ -144,7 +161,7 @@ class SpanMapper:
 
     Not thread-safe: one mapper sees one stream, as one follower delivers
     it. ``max_text`` caps text attributes (:func:`truncate`); ``source`` is
-    consulted only for spans whose start this mapper missed.
+    read only to replay a run this mapper meets in the middle.
     """
 
     def __init__(
@@ -159,7 +176,9 @@ class SpanMapper:
         if finished_runs < 0:
             raise ValueError(f"otel: finished_runs {finished_runs} is negative")
         self._max_text = max_text
-        self._lookups = Lookups(source, max_text)
+        self._source = source
+        self._replaying = False
+        self._warned: set[str] = set()
         self._runs: dict[str, RunState] = {}
         self._finished: OrderedDict[str, Finished] = OrderedDict()
         self._finished_cap = finished_runs
@@ -214,6 +233,10 @@ class SpanMapper:
     def map(self, event: Event) -> list[SpanRecord]:
         """The spans ``event`` finishes, in the order they ended."""
         out: list[SpanRecord] = []
+        if (event.run_id not in self._runs and self._source is not None
+                and not self._replaying and event.run_id not in self._finished
+                and event.type != EventType.RUN_CREATED):
+            self._replay(event, out)
         payload = Payload.parse(event.payload)
         at = event_time_ns(event.at)
         handler = self._handlers.get(event.type)
@@ -234,6 +257,29 @@ class SpanMapper:
         for event in events:
             out.extend(self.map(event))
         return out
+
+    def _replay(self, event: Event, out: list[SpanRecord]) -> None:
+        """Rebuild the state of a run met in the middle by mapping its earlier
+        events again, as one pass did (module docstring, "Restarts").
+
+        The run's spans that the replay ends ended before ``event``, so the
+        process that mapped them first delivered them: they are dropped.
+        Spans of other runs (a pending model call of a run pushed out of the
+        finished memory) are this mapper's to deliver and are kept."""
+        assert self._source is not None
+        run_id = event.run_id
+        if not run_id:
+            return
+        trace = _trace_id(run_id)
+        self._replaying = True
+        try:
+            for earlier in earlier_events(self._source, run_id, event.seq, self._warned):
+                out.extend(sp for sp in self.map(earlier) if sp.trace_id != trace)
+        except ReadFailed:  # as if there were no source: a half-rebuilt run helps no one
+            self._runs.pop(run_id, None)
+            self._finished.pop(run_id, None)
+        finally:
+            self._replaying = False
 
     # -- helpers ------------------------------------------------------------
 
@@ -291,20 +337,15 @@ class SpanMapper:
     def _ensure_run(self, st: RunState, at: int) -> OpenSpan:
         if st.run is not None:
             return st.run
-        attrs: Attrs = {_RUN_ID: st.run_id}
-        start = self._lookups.run(st.run_id, attrs)
-        if start is None:
-            start = at
-            attrs[_START_UNKNOWN] = True
+        attrs: Attrs = {_RUN_ID: st.run_id, _START_UNKNOWN: True}
         st.run = OpenSpan("agentrt.run", st.run_id, _span_id("run", st.run_id), None, _INTERNAL,
-                          start, attrs)
+                          at, attrs)
         return st.run
 
-    def _new_step(self, st: RunState, step_id: str, start: int, attrs: Attrs,
-                  interrupted: bool = False) -> StepState:
+    def _new_step(self, st: RunState, step_id: str, start: int, attrs: Attrs) -> StepState:
         span = OpenSpan("agentrt.step", st.run_id, _span_id("step", step_id),
                         _span_id("run", st.run_id), _INTERNAL, start, attrs)
-        step = st.steps[step_id] = StepState(span, interrupted)
+        step = st.steps[step_id] = StepState(span)
         return step
 
     def _ensure_step(self, st: RunState, step_id: str, at: int,
@@ -313,26 +354,17 @@ class SpanMapper:
         if step is not None:
             return step
         attrs: Attrs = {_RUN_ID: st.run_id, _STEP_ID: step_id}
-        stored = self._lookups.step(st.run_id, step_id)
-        start: int | None = None
-        interrupted = False
-        if stored is not None:
-            attrs.update(stored.attributes)
-            start = stored.start_ns
-            interrupted = stored.interrupted
-        if start is None:
-            start = implied
+        start = implied
         if start is None:
             start = at
             attrs[_START_UNKNOWN] = True
         if not st.current:
             st.current = step_id
-        return self._new_step(st, step_id, start, attrs, interrupted)
+        return self._new_step(st, step_id, start, attrs)
 
     def _end_step(self, st: RunState, step_id: str, at: int, end: str, status: str,
                   out: list[SpanRecord]) -> None:
         step = st.steps.pop(step_id)
-        st.last_ended = step_id
         attrs = step.span.attrs
         attrs["agentrt.step.end"] = end
         if status:
@@ -345,7 +377,6 @@ class SpanMapper:
         st = self._state(e.run_id)
         if st.run is not None:
             return
-        st.seen_created = True
         attrs = self._truncated({}, p)
         attrs[_RUN_ID] = e.run_id
         self._text(attrs, "agentrt.run.goal", p, "goal")
@@ -388,8 +419,6 @@ class SpanMapper:
                 span.attrs["agentrt.model.status"] = "unknown"
                 self._finish(span, at, out)
         st.models.clear()
-        if not st.seen_created:
-            self._rebuild_last_step(st, at)
         for step_id in list(st.steps):
             interrupted = st.steps[step_id].interrupted
             self._end_step(st, step_id, at, "run.finished", "interrupted" if interrupted else "",
@@ -411,25 +440,6 @@ class SpanMapper:
         st.steps.clear()
         del self._runs[e.run_id]
         self._remember_finished(e.run_id, at, pending, out)
-
-    def _rebuild_last_step(self, st: RunState, at: int) -> None:
-        """After a restart, the run's last step may be open without this
-        mapper having seen any of its events (a completion decided just before
-        the restart); the store tells whether it was, so it ends here as it
-        would have in one pass instead of never."""
-        last = self._lookups.last_step(st.run_id)
-        if last is None or last.id in st.steps or last.id == st.last_ended:
-            return
-        if not open_at_run_end(last, at):
-            return
-        stored = self._lookups.step_start(last)
-        attrs: Attrs = {_RUN_ID: st.run_id, _STEP_ID: last.id}
-        attrs.update(stored.attributes)
-        start = stored.start_ns
-        if start is None:
-            start = at
-            attrs[_START_UNKNOWN] = True
-        self._new_step(st, last.id, start, attrs, stored.interrupted)
 
     # -- step events --------------------------------------------------------
 
@@ -533,11 +543,7 @@ class SpanMapper:
         if entry is not None:
             span = entry[0]
         else:
-            decided_before = approval_id in st.ended_approvals
-            stored = None if decided_before else self._lookups.approval(e.run_id, approval_id)
-            if stored is not None and stored.decided_at is not None:
-                decided_before = event_time_ns(stored.decided_at) < at
-            if decided_before:  # a spent grant expiring: docstring, 3
+            if approval_id in st.ended_approvals:  # a spent grant expiring: docstring, 3
                 step = self._ensure_step(st, e.step_id, at).span
                 attrs = self._truncated({"agentrt.approval.id": approval_id}, p)
                 self._decision_attrs(attrs, p)
@@ -546,12 +552,9 @@ class SpanMapper:
             attrs = {_RUN_ID: e.run_id, _STEP_ID: e.step_id}
             if approval_id:
                 attrs["agentrt.approval.id"] = approval_id
-            start = self._lookups.approval_start(stored, attrs) if stored is not None else None
-            if start is None:
-                start = at
-                attrs[_START_UNKNOWN] = True
+            attrs[_START_UNKNOWN] = True
             span = OpenSpan("agentrt.approval", e.run_id, _span_id("approval", approval_id),
-                            _span_id("step", e.step_id), _INTERNAL, start, attrs)
+                            _span_id("step", e.step_id), _INTERNAL, at, attrs)
         self._decision_attrs(self._truncated(span.attrs, p), p)
         st.ended_approvals.add(approval_id)
         self._finish(span, at, out)

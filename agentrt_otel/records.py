@@ -16,7 +16,7 @@ from typing import NamedTuple, Protocol
 
 from opentelemetry.trace import SpanKind, StatusCode
 
-from agentrt.records import Approval, Run, Step
+from agentrt.events import Event
 
 __all__ = [
     "SPAN_NAMES",
@@ -71,16 +71,14 @@ class SpanRecord(NamedTuple):
 
 
 class SpanStartSource(Protocol):
-    """Read-only lookups for spans whose start event this mapper never saw
-    (it started after a restart). A read-only agentrt store satisfies it;
-    each method raises :class:`agentrt.errors.NotFoundError` when absent.
+    """Read-only access to the events before the cursor, for a mapper that
+    meets a run in the middle (it started after a restart) and rebuilds the
+    run by replaying them. A read-only agentrt store satisfies it.
 
-    Only the capped page reads are used, so a hostile database cannot make
-    the exporter load a huge row.
+    ``list_events_after(run_id, seq, limit)`` returns at most ``limit`` of
+    the run's events with seq above ``seq``, in seq order. It is the capped
+    page read a follower uses, so a hostile database cannot make the exporter
+    load a huge row, and the replayed events are the ones the first pass saw.
     """
 
-    def get_run_capped(self, run_id: str) -> Run: ...
-
-    def list_steps_page(self, run_id: str, limit: int, offset: int) -> tuple[list[Step], int]: ...
-
-    def get_approval(self, run_id: str, approval_id: str) -> Approval: ...
+    def list_events_after(self, run_id: str, seq: int, limit: int) -> list[Event]: ...

@@ -8,8 +8,8 @@ so they are the same whatever order or restart the attributes arrived through.
 
 A *tool step* is a step whose decision was a tool call
 (``agentrt.decision.kind = tool_call``) or whose tool ran
-(``agentrt.tool.name`` is set). A step rebuilt after a restart gets its
-decision from the store, so it is classified the same way.
+(``agentrt.tool.name`` is set). A step rebuilt after a restart replays its
+``step.decided``, so it is classified the same way.
 """
 
 from __future__ import annotations

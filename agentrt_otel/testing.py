@@ -2,9 +2,8 @@
 
 :class:`EventStream` writes events with the payloads the runtime writes (keys
 and shapes of the event catalogue), on a clock that advances one millisecond
-per event, and keeps the rows a store would hold after them, so
-:meth:`EventStream.source` can answer the restart lookups of
-:class:`agentrt_otel.SpanMapper` like a read-only store would. The
+per event; :meth:`EventStream.source` answers the replay reads of
+:class:`agentrt_otel.SpanMapper` over them like a read-only store would. The
 ``scenario_*`` functions write the shapes the reference's fixtures make (a
 completed run, a pause and resume, a crash and takeover, a cancel with a late
 tool result, retried model calls, limit / loop / fail), so a dashboard, a
@@ -17,17 +16,13 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from agentrt.errors import NotFoundError
 from agentrt.events import Event, EventType
 from agentrt.gojson import Raw, dumps, sorted_map
 from agentrt.records import (
-    Approval,
     Decision,
     Limits,
     Observation,
     PolicyDecision,
-    Run,
-    Step,
     default_limits,
 )
 from agentrt.timefmt import format_time
@@ -51,34 +46,23 @@ HASH = "ab" * 32
 
 
 class StreamSource:
-    """The rows a store would hold after a stream's events, answering the
-    three reads :class:`agentrt_otel.SpanStartSource` names. A plain object."""
+    """Events as a store would hold them, answering the one read
+    :class:`agentrt_otel.SpanStartSource` names. A plain object that records
+    each call in ``calls``."""
 
-    def __init__(self, runs: dict[str, Run], steps: dict[str, list[Step]],
-                 approvals: dict[str, dict[str, Approval]]) -> None:
-        self.runs = runs
-        self.steps = steps
-        self.approvals = approvals
-        self.calls: list[tuple[str, ...]] = []
+    def __init__(self, events: list[Event]) -> None:
+        self.events = sorted(events, key=lambda e: e.seq)
+        self.calls: list[tuple[str, int, int]] = []
 
-    def get_run_capped(self, run_id: str) -> Run:
-        self.calls.append(("get_run_capped", run_id))
-        try:
-            return self.runs[run_id]
-        except KeyError:
-            raise NotFoundError(f"run {run_id}") from None
-
-    def list_steps_page(self, run_id: str, limit: int, offset: int) -> tuple[list[Step], int]:
-        self.calls.append(("list_steps_page", run_id, str(limit), str(offset)))
-        steps = self.steps.get(run_id, [])
-        return steps[offset:offset + limit], len(steps)
-
-    def get_approval(self, run_id: str, approval_id: str) -> Approval:
-        self.calls.append(("get_approval", run_id, approval_id))
-        try:
-            return self.approvals[run_id][approval_id]
-        except KeyError:
-            raise NotFoundError(f"approval {approval_id}") from None
+    def list_events_after(self, run_id: str, seq: int, limit: int) -> list[Event]:
+        self.calls.append((run_id, seq, limit))
+        out: list[Event] = []
+        for e in self.events:
+            if len(out) == limit:
+                break
+            if e.seq > seq and (not run_id or e.run_id == run_id):
+                out.append(e)
+        return out
 
 
 class EventStream:
@@ -94,9 +78,6 @@ class EventStream:
         self.events: list[Event] = []
         self.now = start
         self.tick = tick
-        self._runs: dict[str, Run] = {}
-        self._steps: dict[str, list[Step]] = {}
-        self._approvals: dict[str, dict[str, Approval]] = {}
 
     # -- plumbing -----------------------------------------------------------
 
@@ -113,31 +94,14 @@ class EventStream:
         return event
 
     def source(self) -> StreamSource:
-        return StreamSource(dict(self._runs), {k: list(v) for k, v in self._steps.items()},
-                            {k: dict(v) for k, v in self._approvals.items()})
-
-    def _step(self, step_id: str) -> Step:
-        for step in self._steps.get(self.run_id, []):
-            if step.id == step_id:
-                return step
-        raise KeyError(step_id)
-
-    def _put_step(self, step: Step) -> None:
-        steps = self._steps.setdefault(self.run_id, [])
-        for i, old in enumerate(steps):
-            if old.id == step.id:
-                steps[i] = step
-                return
-        steps.append(step)
+        return StreamSource(list(self.events))
 
     # -- run events ---------------------------------------------------------
 
     def run_created(self, goal: str = "g", limits: Limits | None = None) -> Event:
         limits = limits if limits is not None else default_limits()
-        e = self.emit(EventType.RUN_CREATED,
-                      {"goal": goal, "limits": limits.to_json(), "tools": [HASH]})
-        self._runs[self.run_id] = Run(self.run_id, goal, "RUNNING", limits, created_at=e.at)
-        return e
+        return self.emit(EventType.RUN_CREATED,
+                         {"goal": goal, "limits": limits.to_json(), "tools": [HASH]})
 
     def run_started(self) -> Event:
         return self.emit(EventType.RUN_STARTED, {})
@@ -167,31 +131,15 @@ class EventStream:
                                    "steps": steps}
         if by:
             payload["by"] = by
-        e = self.emit(EventType.RUN_FINISHED, sorted_map(payload))
-        for step in self._steps.get(self.run_id, []):
-            if step.status in ("deciding", "awaiting_approval", "executing"):
-                # Cancel fails every step in flight; a completion or failure
-                # decision's step is done; neither writes a step event.
-                decided = step.decision is not None and step.decision.kind != "tool_call"
-                done = "done" if decided and status != "CANCELLED" else "failed"
-                self._put_step(replace(step, status=done, finished_at=e.at))
-        run = self._runs.get(self.run_id)
-        if run is not None:
-            self._runs[self.run_id] = replace(run, status=status, reason=reason,
-                                              finished_at=e.at)
-        return e
+        return self.emit(EventType.RUN_FINISHED, sorted_map(payload))
 
     # -- step events --------------------------------------------------------
 
     def step_started(self, step_id: str, index: int) -> Event:
-        e = self.emit(EventType.STEP_STARTED, {"index": index}, step_id)
-        self._put_step(Step(step_id, self.run_id, index, "deciding", started_at=e.at))
-        return e
+        return self.emit(EventType.STEP_STARTED, {"index": index}, step_id)
 
     def step_decided(self, step_id: str, decision: Decision) -> Event:
-        e = self.emit(EventType.STEP_DECIDED, decision.to_json(), step_id)
-        self._put_step(replace(self._step(step_id), decision=decision))
-        return e
+        return self.emit(EventType.STEP_DECIDED, decision.to_json(), step_id)
 
     def step_policy(self, step_id: str, policy: PolicyDecision, policy_id: str = "",
                     spec_hash: str = HASH) -> Event:
@@ -200,22 +148,14 @@ class EventStream:
             payload["policy_id"] = policy_id
         if spec_hash:
             payload["spec_hash"] = spec_hash
-        e = self.emit(EventType.STEP_POLICY, payload, step_id)
-        self._put_step(replace(self._step(step_id), policy=policy, policy_id=policy_id,
-                               spec_hash=spec_hash))
-        return e
+        return self.emit(EventType.STEP_POLICY, payload, step_id)
 
     def tool_started(self, step_id: str, tool: str, args: bytes = b"{}",
                      approval_id: str = "") -> Event:
         payload: dict[str, Any] = {"tool": tool, "args": Raw(args)}
         if approval_id:
             payload["approval_id"] = approval_id
-        e = self.emit(EventType.STEP_TOOL_STARTED, payload, step_id)
-        step = replace(self._step(step_id), status="executing")
-        if approval_id:  # the runtime restarts the step's clock on an approved resume
-            step = replace(step, started_at=e.at)
-        self._put_step(step)
-        return e
+        return self.emit(EventType.STEP_TOOL_STARTED, payload, step_id)
 
     def tool_finished(self, step_id: str, tool: str, duration_ms: int, summary: str = "",
                       error: str | None = None, late: bool = False,
@@ -232,23 +172,16 @@ class EventStream:
                 payload["content_hash"] = HASH
             else:
                 payload["error"] = error
-        e = self.emit(EventType.STEP_TOOL_FINISHED, payload, step_id)
-        if not late and error is None:
-            self._put_step(replace(self._step(step_id), status="done", finished_at=e.at))
-        return e
+        return self.emit(EventType.STEP_TOOL_FINISHED, payload, step_id)
 
     def step_failed(self, step_id: str, detail: str, observation: str,
                     content_hash: str = HASH) -> Event:
-        e = self.emit(EventType.STEP_FAILED, {"detail": detail, "observation": observation,
-                                              "content_hash": content_hash}, step_id)
-        self._put_step(replace(self._step(step_id), status="failed", finished_at=e.at))
-        return e
+        return self.emit(EventType.STEP_FAILED, {"detail": detail, "observation": observation,
+                                                 "content_hash": content_hash}, step_id)
 
     def step_interrupted(self, step_id: str, previous: str = "executing") -> Event:
-        e = self.emit(EventType.STEP_INTERRUPTED,
-                      {"previous_status": {"previous_status": previous}}, step_id)
-        self._put_step(replace(self._step(step_id), status="interrupted"))
-        return e
+        return self.emit(EventType.STEP_INTERRUPTED,
+                         {"previous_status": {"previous_status": previous}}, step_id)
 
     # -- approvals and model calls ------------------------------------------
 
@@ -256,29 +189,17 @@ class EventStream:
                            reason: str = "", tool: str = "publish") -> Event:
         capability = dumps({"args": Raw(b"{}"), "tool": tool})
         presentation = dumps({"args": Raw(b"{}"), "tool": tool})
-        e = self.emit(EventType.APPROVAL_REQUESTED, {
+        return self.emit(EventType.APPROVAL_REQUESTED, {
             "approval_id": approval_id, "kind": kind, "reason": reason,
             "capability": Raw(capability), "presentation": Raw(presentation), "hash": HASH,
         }, step_id)
-        self._approvals.setdefault(self.run_id, {})[approval_id] = Approval(
-            approval_id, self.run_id, step_id, kind, capability, presentation, None, HASH,
-            "pending", created_at=e.at)
-        self._put_step(replace(self._step(step_id), status="awaiting_approval"))
-        return e
 
     def approval_decided(self, step_id: str, approval_id: str, status: str, by: str = "",
                          note: str = "") -> Event:
         payload: dict[str, Any] = {"approval_id": approval_id, "status": status}
         if by or note:
             payload = {"approval_id": approval_id, "by": by, "note": note, "status": status}
-        e = self.emit(EventType.APPROVAL_DECIDED, payload, step_id)
-        approvals = self._approvals.setdefault(self.run_id, {})
-        old = approvals.get(approval_id)
-        if old is not None:
-            decided_at = old.decided_at if old.decided_at is not None else e.at
-            approvals[approval_id] = replace(old, status=status, decided_at=decided_at,
-                                             decided_by=by or old.decided_by)
-        return e
+        return self.emit(EventType.APPROVAL_DECIDED, payload, step_id)
 
     def model_dispatched(self, step_id: str, call_id: str, attempt: int,
                          model: str = "scripted-model") -> Event:
