@@ -6,7 +6,8 @@ http/protobuf), the cursor saved only after the collector accepted them.
 
 - :mod:`~agentrt_otel.ids`: :func:`trace_id`, :func:`span_id`.
 - :mod:`~agentrt_otel.mapping`: :class:`SpanMapper`, events to
-  :class:`SpanRecord` (pure, no I/O).
+  :class:`SpanRecord` (pure; it only reads earlier events from its source,
+  to replay a run after a restart).
 - :mod:`~agentrt_otel.spans`: records to SDK ``ReadableSpan`` objects.
 - :mod:`~agentrt_otel.config`: settings from arguments and ``OTEL_*``.
 - :mod:`~agentrt_otel.transport`: :class:`OTelSink`, what a follower drives.

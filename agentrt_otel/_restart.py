@@ -10,15 +10,12 @@ run is never held in memory at once.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 
 from agentrt.events import Event
 from agentrt_otel.records import SpanStartSource
 
 __all__ = ["REPLAY_PAGE", "ReadFailed", "earlier_events"]
-
-_log = logging.getLogger("agentrt_otel")
 
 #: Events read per page when a run is replayed.
 REPLAY_PAGE = 200
@@ -28,22 +25,15 @@ class ReadFailed(Exception):
     """The source could not be read; the replay is abandoned."""
 
 
-def earlier_events(source: SpanStartSource, run_id: str, before_seq: int,
-                   warned: set[str]) -> Iterator[Event]:
+def earlier_events(source: SpanStartSource, run_id: str, before_seq: int) -> Iterator[Event]:
     """The run's events with seq below ``before_seq``, in seq order, a page
-    at a time. A read that fails raises :class:`ReadFailed`, logged once per
-    mapper (``warned``) so a flaky store does not flood the log."""
+    at a time. A read that fails raises :class:`ReadFailed`."""
     after = 0
     while True:
         try:
             page = source.list_events_after(run_id, after, REPLAY_PAGE)
         except Exception as err:
-            if "read" not in warned:
-                warned.add("read")
-                _log.warning("otel: reading run %s's earlier events from the store failed (%s); "
-                             "its spans started before the restart are marked start_unknown",
-                             run_id, err)
-            raise ReadFailed(str(err)) from err
+            raise ReadFailed(f"{type(err).__name__}: {err}") from err
         for event in page:
             if event.seq >= before_seq:
                 return

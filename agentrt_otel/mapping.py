@@ -80,6 +80,7 @@ exports only the second.
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from functools import lru_cache
@@ -125,6 +126,8 @@ from agentrt_otel.semconv import add_semantic_attributes
 from agentrt_otel.text import DEFAULT_MAX_TEXT, truncate
 
 __all__ = ["DEFAULT_FINISHED_RUNS", "SpanMapper"]
+
+_log = logging.getLogger("agentrt_otel")
 
 #: How many finished runs the mapper remembers (see the module docstring).
 DEFAULT_FINISHED_RUNS = 4096
@@ -178,7 +181,7 @@ class SpanMapper:
         self._max_text = max_text
         self._source = source
         self._replaying = False
-        self._warned: set[str] = set()
+        self._read_failed = False
         self._runs: dict[str, RunState] = {}
         self._finished: OrderedDict[str, Finished] = OrderedDict()
         self._finished_cap = finished_runs
@@ -273,11 +276,16 @@ class SpanMapper:
         trace = _trace_id(run_id)
         self._replaying = True
         try:
-            for earlier in earlier_events(self._source, run_id, event.seq, self._warned):
+            for earlier in earlier_events(self._source, run_id, event.seq):
                 out.extend(sp for sp in self.map(earlier) if sp.trace_id != trace)
-        except ReadFailed:  # as if there were no source: a half-rebuilt run helps no one
+        except ReadFailed as err:  # as without a source: a half-rebuilt run helps no one
             self._runs.pop(run_id, None)
             self._finished.pop(run_id, None)
+            if not self._read_failed:  # once: a flaky store must not flood the log
+                self._read_failed = True
+                _log.warning("otel: reading the earlier events of run %s from the store failed "
+                             "(%s); spans it started before are marked start_unknown",
+                             run_id, err)
         finally:
             self._replaying = False
 
