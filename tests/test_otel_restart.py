@@ -203,17 +203,25 @@ def test_a_replay_keeps_the_spans_it_ends_of_other_runs() -> None:
     """Replaying a finished run can push another run out of the finished
     memory; that run's pending call ends then, and is this mapper's to send."""
     s = EventStream("a")
-    _cancel_during_model_call(s)
+    s.run_created()
+    s.step_started("sa", 0)
+    s.model_dispatched("sa", "ca", 1)
+    s.run_finished("CANCELLED", "operator_cancelled", steps=1)
     cursor = len(s.events)
     s.use("b")
-    _cancel_during_model_call(s)
+    s.run_created()
+    s.step_started("sb", 0)
+    s.model_dispatched("sb", "cb", 1)
+    s.run_finished("CANCELLED", "operator_cancelled", steps=1)
     s.use("a")
-    s.model_result("s", "c1", 1, "ok", latency_ms=2)  # a's second result: a replay
+    s.model_result("sa", "ca", 1, "ok", latency_ms=2)  # replays a, which pushes b out
     mapper = SpanMapper(s.source(), finished_runs=1)
     got = mapper.map_all(s.events[cursor:])
-    b_calls = [sp for sp in got if sp.name == "agentrt.model" and sp.span_id == span_id(
-        "model", "c1") and sp.attributes["agentrt.run.id"] == "b"]
-    assert [sp.attributes["agentrt.model.status"] for sp in b_calls] == ["ok"]
+    calls = {sp.span_id: sp.attributes["agentrt.model.status"] for sp in got
+             if sp.name == "agentrt.model"}
+    assert calls == {span_id("model", "cb"): "unknown", span_id("model", "ca"): "ok"}
+    (a_call,) = [sp for sp in got if sp.span_id == span_id("model", "ca")]
+    assert a_call.start_ns == to_unix_nanos(s.events[2].at)  # its dispatch, from the replay
 
 
 def test_without_a_store_missed_starts_are_flagged_start_unknown() -> None:
