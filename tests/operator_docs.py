@@ -20,7 +20,6 @@ import shlex
 import sys
 import tempfile
 import time
-import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -42,27 +41,9 @@ DB_NAME = "ops.db"
 _HEAD = re.compile(r"\b(\d+):[0-9a-f]{64}\b")
 
 
-@contextlib.contextmanager
-def _instant_tools() -> Iterator[None]:
-    """Tool calls recorded as taking 0 ms. The driver times a call with the real
-    monotonic clock, and a first call in a fresh process can take a millisecond:
-    the ``duration_ms`` it records would change the chain's hashes from one build
-    to the next, and the examples print them."""
-    from agentrt.driver import toolrun
-
-    saved = toolrun.time
-    toolrun.time = types.SimpleNamespace(monotonic=lambda: 0.0)
-    try:
-        yield
-    finally:
-        toolrun.time = saved
-
-
 def build(directory: str) -> None:
     """The database the examples read: four runs, three of them waiting."""
-    kit = Kit(os.path.join(directory, DB_NAME), seed="docs")
-    with _instant_tools():
-        _record(kit)
+    _record(Kit(os.path.join(directory, DB_NAME), seed="docs"))
 
 
 def _record(kit: Kit) -> None:
