@@ -22,11 +22,9 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 
 import apsw
 
@@ -41,6 +39,7 @@ from agentrt.driver import (
 )
 from agentrt.records import Decision, Limits
 from agentrt.store import Store, open_store
+from bench.common import Bar, Figure, log, print_table, scratch_dir
 
 DEPTHS = (10, 100, 400)
 
@@ -137,44 +136,50 @@ def measure(directory: str, rounds: int, burst: int) -> tuple[list[float], dict[
     return ref.samples, {d: agent.gaps.get(r, []) for d, r in runs.items()}
 
 
-def _spread(values: Sequence[float]) -> str:
-    q = statistics.quantiles(values, n=4)
-    return f"p25-p75 {q[0] * 1e6:.0f}-{q[2] * 1e6:.0f} us"
+def run(quick: bool, directory: str | None = None) -> list[Figure]:
+    """The bench's figures (the contract in ``bench/__init__.py``)."""
+    rounds, burst = (8, 6) if quick else (30, 6)
+    work = tempfile.mkdtemp(prefix="bench-driver-", dir=directory or scratch_dir())
+    log(f"driver: {rounds} rounds of {burst}-step bursts on runs at "
+        f"{'/'.join(map(str, DEPTHS))} steps")
+    try:
+        ref, by_depth = measure(work, rounds, burst)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    us = 1e6
+    steps = [g * us for gaps in by_depth.values() for g in gaps]
+    base = [g * us for g in by_depth[DEPTHS[0]]]
+    figures = [Figure(
+        bench="driver",
+        what="driver step (scripted agent, trivial tool)",
+        unit="us",
+        values=steps,
+        reference="4 synced single-row commits",
+        refs=[r * us for r in ref],
+        bar=Bar("<=", 1.3),
+    )]
+    for depth in DEPTHS[1:]:
+        figures.append(Figure(
+            bench="driver",
+            what=f"step after {depth} steps",
+            unit="us",
+            values=[g * us for g in by_depth[depth]],
+            reference=f"step after {DEPTHS[0]} steps",
+            refs=base,
+            bar=Bar("<=", 1.2),
+        ))
+    return figures
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_driver")
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
     parser.add_argument("--dir", default=None,
-                        help="where to put the databases (default: a temp dir here)")
+                        help="where to put the databases (default: bench/out)")
     args = parser.parse_args(argv)
-    rounds, burst = (8, 6) if args.quick else (30, 6)
-    directory = tempfile.mkdtemp(prefix="bench-driver-", dir=args.dir or os.getcwd())
-    try:
-        ref, by_depth = measure(directory, rounds, burst)
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
-    steps = [g for gaps in by_depth.values() for g in gaps]
-    ref_med, step_med = statistics.median(ref), statistics.median(steps)
-    base = statistics.median(by_depth[DEPTHS[0]])
-    rows = [("driver step (scripted agent, trivial tool)", "4 synced single-row commits",
-             step_med / ref_med, 1.3, step_med, ref_med, _spread(steps))]
-    for depth in DEPTHS[1:]:
-        med = statistics.median(by_depth[depth])
-        rows.append((f"step after {depth} steps", f"step after {DEPTHS[0]} steps",
-                     med / base, 1.2, med, base, _spread(by_depth[depth])))
-    print(f"driver bench: {rounds} rounds of {burst}-step bursts on runs at "
-          f"{'/'.join(map(str, DEPTHS))} steps, {len(steps)} steps, {len(ref)} reference "
-          "samples")
-    print(f"{'figure':<44} {'reference':<30} {'ratio':>6} {'bar':>7}  {'median':<22} spread")
-    missed = 0
-    for figure, refname, ratio, bar, med, refmed, spread in rows:
-        ok = ratio <= bar
-        missed += not ok
-        print(f"{figure:<44} {refname:<30} {ratio:>5.2f}x {'<=' + f'{bar:.1f}x':>7}  "
-              f"{med * 1e6:>6.0f} vs {refmed * 1e6:>5.0f} us   {spread}"
-              f"  {'ok' if ok else 'MISSED'}")
-    return 1 if missed else 0
+    figures = run(args.quick, args.dir)
+    print_table(figures)
+    return 0 if all(f.ok for f in figures) else 1
 
 
 if __name__ == "__main__":
