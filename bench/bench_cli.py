@@ -33,6 +33,7 @@ from typing import TypeVar
 from agentrt.cli import cli
 from agentrt.clitools import run_click
 from agentrt.store import open_store
+from bench import common
 
 SMALL, LARGE = 1_000, 100_000
 ARGS = ["runs", "--limit", "50"]
@@ -118,14 +119,10 @@ def _spread(values: list[float]) -> str:
     return f"p25-p75 {q[0] * 1e3:.1f}-{q[2] * 1e3:.1f} ms"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.bench_cli")
-    parser.add_argument("--quick", action="store_true", help="a few rounds only")
-    parser.add_argument("--dir", default=None,
-                        help="where to put the databases (default: a temp dir here)")
-    args = parser.parse_args(argv)
-    rounds, process_rounds = (6, 3) if args.quick else (40, 10)
-    directory = tempfile.mkdtemp(prefix="bench-cli-", dir=args.dir or os.getcwd())
+def measure_all(rounds: int, process_rounds: int, base: str) -> list[
+        tuple[str, int, list[float], list[float]]]:
+    """(figure, rounds, times on the small database, on the large one) per row."""
+    directory = tempfile.mkdtemp(prefix="bench-cli-", dir=base)
     try:
         small, large = os.path.join(directory, "small.db"), os.path.join(directory, "large.db")
         make_db(small, SMALL)
@@ -142,6 +139,17 @@ def main(argv: list[str] | None = None) -> int:
         ]
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.bench_cli")
+    parser.add_argument("--quick", action="store_true", help="a few rounds only")
+    parser.add_argument("--dir", default=None,
+                        help="where to put the databases (default: a temp dir here)")
+    args = parser.parse_args(argv)
+    rounds, process_rounds = (6, 3) if args.quick else (40, 10)
+    results = measure_all(rounds, process_rounds, args.dir or os.getcwd())
     print(f"cli bench: {LARGE:,} runs against {SMALL:,} runs, rounds alternating sizes; "
           "the bar holds the CPU row (this process's work, not the host's other load)")
     print(f"{'figure':<58} {'reference':<12} {'ratio':>6} {'bar':>6}  {'median':<22} spread")
@@ -156,6 +164,25 @@ def main(argv: list[str] | None = None) -> int:
               f"{'<=' + f'{BAR:.0f}x':>6}  {med_large * 1e3:>6.1f} vs {med_small * 1e3:>5.1f} ms  "
               f"{_spread(large_t)}  {'ok' if ok else 'MISSED'}")
     return 1 if missed else 0
+
+
+def run(quick: bool) -> list[common.Figure]:
+    """The figures for ``python -m bench`` (the contract in ``bench/__init__.py``):
+    the CPU row holds the bar, the wall rows are shown beside it."""
+    rounds, process_rounds = (6, 3) if quick else (40, 10)
+    figures = []
+    for figure, _, small_t, large_t in measure_all(rounds, process_rounds,
+                                                   common.scratch_dir()):
+        figures.append(common.Figure(
+            bench="cli",
+            what=figure.replace("agentrt runs --limit 50", f"agentrt runs, {LARGE:,} runs"),
+            unit="ms",
+            values=[t * 1e3 for t in large_t],
+            reference=f"same, {SMALL:,} runs",
+            refs=[t * 1e3 for t in small_t],
+            bar=common.Bar("<=", BAR) if "CPU" in figure else None,
+        ))
+    return figures
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ import apsw
 
 from agentrt import open_existing, open_store
 from agentrt.timefmt import format_time
+from bench import common
 
 PAGE = 500  # the export follower's default page size
 T0 = datetime(2026, 10, 1, 9, 0, tzinfo=UTC)
@@ -229,21 +230,10 @@ def report(figures: list[Figure]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.bench_store",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes, fewer rounds")
-    parser.add_argument("--events", type=int, help="events to page over")
-    parser.add_argument("--rounds", type=int, help="rounds per figure")
-    parser.add_argument("--dir", help="directory for the files (default: a temporary one)")
-    parser.add_argument("--strict", action="store_true",
-                        help="exit 1 when a bar is missed (the default only reports)")
-    args = parser.parse_args(argv)
-    events = args.events or (100_000 if args.quick else 1_000_000)
-    rounds = args.rounds or (3 if args.quick else 7)
-    commits = 100 if args.quick else 300
-
-    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+def measure_all(events: int, rounds: int, commits: int,
+                directory: str | None) -> tuple[Figure, Figure, Figure]:
+    """Paging, then appending against both references (see the module doc)."""
+    with tempfile.TemporaryDirectory(dir=directory) as tmp:
         db = os.path.join(tmp, "events.db")
         took = build_events(db, events)
         size = Path(db).stat().st_size
@@ -266,8 +256,53 @@ def main(argv: list[str] | None = None) -> int:
         appending = Figure("append vs same-schema insert", "s/commit", ours, shaped, 1.3,
                            False)
         plain = Figure("append vs one-column insert", "s/commit", ours, bare, 1.3, False)
+    return paging, appending, plain
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.bench_store",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, fewer rounds")
+    parser.add_argument("--events", type=int, help="events to page over")
+    parser.add_argument("--rounds", type=int, help="rounds per figure")
+    parser.add_argument("--dir", help="directory for the files (default: a temporary one)")
+    parser.add_argument("--strict", action="store_true",
+                        help="exit 1 when a bar is missed (the default only reports)")
+    args = parser.parse_args(argv)
+    events = args.events or (100_000 if args.quick else 1_000_000)
+    rounds = args.rounds or (3 if args.quick else 7)
+    commits = 100 if args.quick else 300
+
+    paging, appending, plain = measure_all(events, rounds, commits, args.dir)
     print(report([paging, appending, plain]))
     return 1 if args.strict and not (paging.passes and appending.passes) else 0
+
+
+def run(quick: bool) -> list[common.Figure]:
+    """The figures for ``python -m bench`` (the contract in ``bench/__init__.py``)."""
+    events, rounds, commits = (100_000, 3, 100) if quick else (1_000_000, 7, 300)
+    paging, appending, plain = measure_all(events, rounds, commits, common.scratch_dir())
+    sides = (
+        (paging, f"list_events_after, {events // 1000:,}k events, CPU", "bare apsw page loop",
+         common.Bar(">=", 0.9)),
+        (appending, "append one event (Store.tx)", "synced insert, events schema",
+         common.Bar("<=", 1.3)),
+        (plain, "append one event (Store.tx)", "synced insert, one column",
+         None),  # shown beside it, not a bar
+    )
+    figures = []
+    for f, what, reference, bar in sides:
+        scale = 1.0 if f.unit == "rows/s" else 1e6
+        figures.append(common.Figure(
+            bench="store",
+            what=what,
+            unit="rows/s" if f.unit == "rows/s" else "us/commit",
+            values=[v * scale for v in f.ours],
+            reference=reference,
+            refs=[v * scale for v in f.reference],
+            bar=bar,
+        ))
+    return figures
 
 
 if __name__ == "__main__":

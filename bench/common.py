@@ -88,7 +88,7 @@ class Figure:
     what: str
     unit: str
     values: list[float]
-    bar: Bar
+    bar: Bar | None  # None: shown beside the others, not a bar
     reference: str = ""
     refs: list[float] = field(default_factory=list)
     note: str = ""
@@ -117,6 +117,8 @@ class Figure:
 
     @property
     def ok(self) -> bool:
+        if self.bar is None:
+            return True
         x = self.ratio if self.bar.on == "ratio" else self.median
         return x is not None and self.bar.met(x)
 
@@ -124,7 +126,7 @@ class Figure:
         """Of the ratio when the bar is on it, else of the figure: the range over
         at most five rounds, the interquartile range over more samples."""
         r = self.ratios
-        if r and self.bar.on == "ratio":
+        if r and (self.bar is None or self.bar.on == "ratio"):
             lo, hi = _range(r)
             return f"{lo:.2f}-{hi:.2f}x"
         lo, hi = _range(self.values)
@@ -165,10 +167,16 @@ def table_rows(figures: Sequence[Figure]) -> list[tuple[str, ...]]:
             f"{_num(ref)} {f.unit}" if ref is not None else "-",
             f"{ratio:.2f}x" if ratio is not None else "-",
             f"{f.spread()} ({len(f.values)})",
-            str(f.bar),
-            "ok" if f.ok else "MISSED",
+            _bar(f),
+            "info" if f.bar is None else "ok" if f.ok else "MISSED",
         ))
     return rows
+
+
+def _bar(f: Figure) -> str:
+    if f.bar is None:
+        return "-"
+    return str(f.bar) if f.bar.on == "ratio" else f"{f.bar} {f.unit}"
 
 
 def print_table(figures: Sequence[Figure], out: IO[str] | None = None) -> None:
