@@ -152,6 +152,7 @@ def sanitize(s: str) -> str:
 # the JSON Lines record
 
 _WHITESPACE = b" \t\n\r"
+_SP, _TAB, _LF, _CR = _WHITESPACE
 #: Valid JSON split into strings and runs of other non-whitespace bytes;
 #: joining them drops exactly the insignificant whitespace.
 _PIECES = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[^" \t\n\r]+', re.DOTALL)
@@ -224,7 +225,10 @@ _QUOTED_MAX_LEN = 128
 def _quoted(s: str) -> bytes:
     """``s`` as a JSON string (Go style, HTML escaping off), memoised because
     run ids, step ids and types repeat from event to event."""
-    q = encode_string(s, False).encode("utf-8")  # lone surrogates come out escaped
+    if s.isascii() and s.isprintable() and '"' not in s and "\\" not in s:
+        q = b'"' + s.encode() + b'"'  # nothing to escape: most ids
+    else:
+        q = encode_string(s, False).encode("utf-8")  # lone surrogates come out escaped
     if len(s) <= _QUOTED_MAX_LEN:
         if len(_QUOTED) >= _QUOTED_MAX_ENTRIES:
             _QUOTED.clear()
@@ -245,6 +249,29 @@ def _second(key: tuple[int, int, int, int, int, int]) -> bytes:
     return text
 
 
+#: A stored time in the form the record writes: UTC, ``Z``, a fraction of at
+#: most six digits without trailing zeros (``format_time``'s output).
+_CANONICAL_AT = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{0,5}[1-9])?Z\Z")
+_VALID_SECONDS: dict[str, bool] = {}
+
+
+def _valid_second(text: str) -> bool:
+    """Whether ``YYYY-MM-DDTHH:MM:SS`` names a real second (no month 13, no
+    February 30th), memoised like :func:`_second`."""
+    valid = _VALID_SECONDS.get(text)
+    if valid is None:
+        try:
+            datetime.fromisoformat(text)
+            valid = True
+        except ValueError:
+            valid = False
+        if len(_VALID_SECONDS) >= 1024:
+            _VALID_SECONDS.clear()
+        _VALID_SECONDS[text] = valid
+    return valid
+
+
 _RECORD = b'{"seq":%d,"run_id":%b%b,"at":"%b%b","type":%b,"payload":%b}\n'
 
 
@@ -262,17 +289,25 @@ def jsonl_record(event: Event) -> bytes:
     # call costs about a tenth of a record.
     payload = event.payload
     try:
-        # orjson's output has no whitespace outside strings, so a payload
-        # equal to it is already compact; only the rest is looked at again.
-        if _dumps(_loads(payload)) != payload:
+        value = _loads(payload)  # the check that it is JSON at all
+        # A payload without a whitespace byte is compact already. Else: orjson's
+        # output has no whitespace outside strings, so a payload equal to it is
+        # compact too; only the rest is looked at again. (An int tests one byte
+        # with memchr, ten times cheaper than a one-byte bytes needle.)
+        if (_SP in payload or _LF in payload or _TAB in payload or _CR in payload) \
+                and _dumps(value) != payload:
             payload = _compacted(payload)
     except _JSONDecodeError:
         payload = _unparsed(payload)
     except _JSONEncodeError:  # valid, but an integer orjson cannot write back
         payload = _compacted(payload)
 
-    t = event.at
-    if t.tzinfo is UTC:  # every time read from a store
+    at_text = event.at_text
+    if _CANONICAL_AT.match(at_text) and _valid_second(at_text[:19]):
+        # Stored by the runtime: UTC, trailing fractional zeros trimmed, which
+        # is the record's form already (what the branch below would rebuild).
+        at, at_tail = at_text.encode(), b""
+    elif (t := event.at).tzinfo is UTC:  # every time read from a store
         key = (t.year, t.month, t.day, t.hour, t.minute, t.second)
         at = _SECONDS.get(key) or _second(key)
         micro = t.microsecond

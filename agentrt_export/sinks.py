@@ -6,6 +6,7 @@ the cursor before that event, so the next start hands it over again.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import IO
 
 from agentrt.events import Event
@@ -21,11 +22,12 @@ class JSONLSink:
     Prefer a binary stream (``sys.stdout.buffer``): records go out exactly as
     built. A text stream works too, with its encoding and newline handling.
 
-    Lines are buffered by the stream; :meth:`flush` pushes them out and is
-    what a follower calls after each page, before it saves the cursor, so a
-    write that fails late (a closed pipe, a full disk) still stops the
-    follower before the cursor moves past it. The first failure is kept:
-    every later event and flush raises it again.
+    A follower hands it whole pages (:meth:`handle_page`): a page's records
+    go out in one write and are flushed before the follower saves the cursor,
+    so a write that fails (a closed pipe, a full disk) stops the follower
+    before the cursor moves past the page. Called per event, records are
+    buffered by the stream until :meth:`flush`. The first failure is kept:
+    every later event, page and flush raises it again.
     """
 
     def __init__(self, stream: IO[bytes] | IO[str]) -> None:
@@ -35,6 +37,15 @@ class JSONLSink:
     def __call__(self, event: Event) -> None:
         """Write ``event``'s record; raise the write failure, if any."""
         self._write(jsonl_record(event))
+
+    def handle_page(self, events: Sequence[Event]) -> None:
+        """Write the records of a page at once and flush them; raise the failure, if any.
+
+        The same bytes as calling the sink per event and then :meth:`flush`,
+        with one write per page instead of one per record.
+        """
+        self._write(b"".join([jsonl_record(e) for e in events]))
+        self._out.flush()
 
     def flush(self) -> None:
         """Push written records to their destination; raise on failure."""

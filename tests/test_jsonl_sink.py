@@ -99,6 +99,26 @@ def test_jsonl_sink_leaves_records_buffered_until_flush(tmp_path):
         assert path.read_bytes() == jsonl_record(EVENTS[0])
 
 
+@pytest.mark.parametrize("binary", [True, False])
+def test_jsonl_sink_writes_a_page_at_once_and_flushes_it(tmp_path, binary):
+    path = tmp_path / "out.jsonl"
+    with open(path, "wb" if binary else "w", encoding=None if binary else "utf-8") as stream:
+        sink = JSONLSink(stream)
+        sink.handle_page(EVENTS)
+        assert path.read_bytes() == b"".join(jsonl_record(e) for e in EVENTS)
+
+
+def test_jsonl_sink_raises_a_page_write_failure_and_keeps_raising_it():
+    out = BrokenStream()
+    sink = JSONLSink(out)
+    with pytest.raises(OSError) as first:
+        sink.handle_page(EVENTS)
+    with pytest.raises(OSError) as second:
+        sink.handle_page(EVENTS)
+    assert second.value is first.value
+    assert out.calls == 1
+
+
 def test_jsonl_sink_writes_to_stdout_buffer_in_a_real_process():
     code = (
         "import sys\n"

@@ -11,12 +11,12 @@ import unicodedata
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from agentrt import trace
 from agentrt.events import Event
-from agentrt.gojson import compact
+from agentrt.gojson import compact, encode_string
 from agentrt.timefmt import ZERO_TIME, format_time_nano
 from agentrt.trace import (
     jsonl,
@@ -366,6 +366,53 @@ def test_jsonl_record_prints_the_zero_time_as_go_does():
 def test_jsonl_record_time_is_format_time_nano(at):
     record = json.loads(jsonl_record(event(at=at)))
     assert record["at"] == format_time_nano(at)
+
+
+def go_time(t: datetime) -> bytes:
+    """How the record writes a UTC time, built from its fields."""
+    fraction = f".{t.microsecond:06d}".rstrip("0") if t.microsecond else ""
+    return (f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:"
+            f"{t.second:02d}{fraction}Z").encode()
+
+
+stored_times = st.one_of(
+    st.datetimes(min_value=datetime(1, 1, 1), timezones=st.just(UTC)).map(
+        lambda t: f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:"
+                  f"{t.second:02d}" + (f".{t.microsecond:06d}".rstrip("0") if t.microsecond
+                                       else "") + "Z"),
+    st.from_regex(r"\A[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}"
+                  r"(\.[0-9]{0,10})?([Zz]|[+-][0-9]{2}:[0-9]{2})?\Z"),
+    st.text(max_size=30),
+)
+
+
+@given(stored_times)
+@example("2026-09-25T14:03:04.50Z")
+@example("2026-09-25T14:03:04.000Z")
+@example("2026-09-25T14:03:04.Z")
+@example("2026-09-25T14:03:04.1234567Z")
+@example("2026-09-25T14:03:04.123456789Z")
+@example("2026-09-25t14:03:04.5z")
+@example("2026-09-25T14:03:04.5+00:00")
+@example("2026-09-25T16:03:04.5+02:00")
+@example("2026-02-30T14:03:04.5Z")
+@example("0000-09-25T14:03:04.5Z")
+@example("2026-09-25T24:00:00Z")
+@example("")
+def test_jsonl_record_time_is_the_stored_time_read_and_written_back(text):
+    # The record copies a stored time that is already in its form and rebuilds
+    # any other from the parsed time: both must give the same bytes.
+    e = Event(7, "r", "", text, "step.decided", b"{}")
+    assert b'"at":"' + go_time(e.at) + b'"' in jsonl_record(e)
+
+
+@given(st.text(), st.text(min_size=1))
+def test_jsonl_record_writes_ids_with_go_escapes(run_id, step_id):
+    record = jsonl_record(event(run_id=run_id, step_id=step_id))
+    quoted_run = encode_string(run_id, False).encode("utf-8")
+    quoted_step = encode_string(step_id, False).encode("utf-8")
+    assert record.startswith(b'{"seq":7,"run_id":' + quoted_run + b',"step_id":' + quoted_step
+                             + b',"at":')
 
 
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
