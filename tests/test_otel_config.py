@@ -11,6 +11,7 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
     OTLPSpanExporter as HttpExporter,
 )
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -39,6 +40,16 @@ def test_the_default_service_name_is_agentrt_and_the_resource_is_repeatable() ->
     assert dict(first.attributes) == dict(second.attributes)
     assert resolve_config(environ={"OTEL_RESOURCE_ATTRIBUTES": "service.name=x"}).resource(
     ).attributes["service.name"] == "x"
+
+
+def test_the_resource_equals_and_hashes_as_the_sdk_resource_with_its_attributes() -> None:
+    # The resource computes its hash once (the SDK's encoder hashes it per span);
+    # it must stay interchangeable with a plain Resource.
+    resource = resolve_config(environ={"OTEL_SERVICE_NAME": "billing"}).resource()
+    plain = Resource(dict(resource.attributes))
+    assert resource == plain and plain == resource
+    assert hash(resource) == hash(plain)
+    assert {resource: 1}[plain] == 1
 
 
 def test_none_still_maps_and_a_provided_exporter_gets_one_span_with_derived_ids() -> None:
