@@ -1,0 +1,77 @@
+"""Stored times: the fast path for the runtime's own form reads exactly what the general
+parser reads, and everything else still goes through the general parser."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agentrt.timefmt import format_time, parse_time
+
+# The general parser alone (the pattern, then datetime), kept here as the oracle.
+_RFC3339 = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?"
+    r"(?:([Zz])|([+-])(\d{2}):(\d{2}))\Z",
+    re.ASCII,
+)
+
+
+def general(text: str) -> datetime | None:
+    if text == "":
+        return None
+    m = _RFC3339.match(text)
+    if m is None:
+        raise ValueError(f"time {text!r} is not RFC 3339")
+    year, month, day, hour, minute, second = (int(m.group(i)) for i in range(1, 7))
+    micro = int(((m.group(7) or "") + "000000")[:6])
+    if m.group(8):
+        tz = UTC
+    else:
+        delta = timedelta(hours=int(m.group(10)), minutes=int(m.group(11)))
+        tz = timezone(delta if m.group(9) == "+" else -delta)
+    return datetime(year, month, day, hour, minute, second, micro, tzinfo=tz).astimezone(UTC)
+
+
+def outcome(fn, text: str) -> tuple[str, object]:
+    try:
+        t = fn(text)
+    except ValueError:
+        return ("error", None)
+    return ("ok", (t, t.tzinfo is UTC) if t is not None else None)
+
+
+@given(st.datetimes(min_value=datetime(1, 1, 1), max_value=datetime(9999, 12, 31)),
+       st.integers(min_value=0, max_value=9), st.integers(min_value=0, max_value=999))
+def test_a_stored_time_parses_as_the_general_parser_reads_it(t, digits, nanos):
+    fraction = f"{t.microsecond:06d}{nanos:03d}"[:digits]
+    text = (f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:{t.second:02d}"
+            + (f".{fraction}" if digits else "") + "Z")
+    got = parse_time(text)
+    assert got == general(text)
+    assert got is not None and got.tzinfo is UTC
+
+
+@given(st.datetimes(min_value=datetime(1000, 1, 1), max_value=datetime(9999, 12, 31),
+                    timezones=st.just(UTC)))
+def test_format_then_parse_is_the_identity(t):
+    assert parse_time(format_time(t)) == t
+
+
+@given(st.text(alphabet="0123456789-:T.Zzt+ ٣", min_size=18, max_size=32))
+def test_anything_else_parses_or_fails_as_the_general_parser_says(text):
+    assert outcome(parse_time, text) == outcome(general, text)
+
+
+@pytest.mark.parametrize("text", [
+    "2026-10-01T24:00:00Z", "2026-02-29T00:00:00Z", "2026-10-01T23:59:60Z",
+    "0000-01-01T00:00:00Z", "2026-13-01T00:00:00Z", "2026-10-01T09:00:00.Z",
+    "2026-10-01t09:00:00z", "2026-10-01T09:00:00+02:00", "2026-10-01T09:00:00.1234567890Z",
+    "2026-W40-1T09:00:00Z", "2026-10-01 09:00:00Z", "٢٠٢٦-10-01T09:00:00Z",
+    "2026-10-01T09:00:00,5Z",
+])
+def test_edge_forms_read_as_the_general_parser_reads_them(text):
+    assert outcome(parse_time, text) == outcome(general, text)
