@@ -34,7 +34,7 @@ import threading
 import time
 from datetime import UTC, datetime
 
-from bench.common import Bar, Figure, child_env, log, main, scratch_dir
+from bench.common import REPO_ROOT, Bar, Figure, child_env, log, main, scratch_dir
 
 RUN_ID = "follow-bench"
 
@@ -97,7 +97,7 @@ def run(quick: bool) -> list[Figure]:
     seen: dict[int, float] = {}
     exporter = subprocess.Popen(
         [sys.executable, "-m", "agentrt_export.cli", "jsonl", "--db", db, "--follow"],
-        stdout=subprocess.PIPE, env=env)
+        stdout=subprocess.PIPE, env=env, cwd=REPO_ROOT)
 
     def read() -> None:
         assert exporter.stdout is not None
@@ -114,7 +114,8 @@ def run(quick: bool) -> list[Figure]:
         log(f"follow: {busy} commits 5-15 ms apart, then {sparse} commits 200-400 ms apart")
         phases = f"{busy}:0.005:0.015,{sparse}:0.2:0.4"
         out = subprocess.run([sys.executable, "-m", "bench.bench_follow", "--writer", db, phases],
-                             env=env, check=True, capture_output=True, text=True).stdout
+                             env=env, cwd=REPO_ROOT, check=True, capture_output=True,
+                             text=True).stdout
         commits = [line.split() for line in out.splitlines()]
         last = int(commits[-1][0])
         deadline = time.monotonic() + 10
@@ -127,7 +128,7 @@ def run(quick: bool) -> list[Figure]:
 
         log(f"follow: idle CPU over {idle:.0f} s, beside a 5 ms data_version poller")
         poller = subprocess.Popen([sys.executable, "-m", "bench.bench_follow", "--poller", db],
-                                  env=env)
+                                  env=env, cwd=REPO_ROOT)
         try:
             time.sleep(1.0)
             cpu0, ref0, t0 = _cpu_seconds(exporter.pid), _cpu_seconds(poller.pid), time.monotonic()

@@ -38,6 +38,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from bench.common import (
+    REPO_ROOT,
     Bar,
     Figure,
     child_env,
@@ -67,7 +68,7 @@ class Receiver:
 @contextmanager
 def receiver() -> Iterator[Receiver]:
     proc = subprocess.Popen([sys.executable, "-m", "bench._receiver"], stdout=subprocess.PIPE,
-                            text=True, env=child_env())
+                            text=True, env=child_env(), cwd=REPO_ROOT)
     try:
         assert proc.stdout is not None
         yield Receiver(proc, int(proc.stdout.readline()))
@@ -151,7 +152,7 @@ def run(quick: bool) -> list[Figure]:
             out = subprocess.run(
                 [sys.executable, "-m", "bench.bench_otel", "--reference", db,
                  str(min(n, 200_000)), str(ref_spans), rx.endpoint],
-                env=env, check=True, capture_output=True, text=True).stdout.split()
+                env=env, cwd=REPO_ROOT, check=True, capture_output=True, text=True).stdout.split()
             if rx.spans() - before != int(out[0]):
                 raise RuntimeError("the receiver did not get every reference span")
             return int(out[0]) / float(out[1])

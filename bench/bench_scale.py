@@ -2,11 +2,12 @@
 
 In this process, a ``Follower`` (default page size, ``once``) hands every
 event of the table to a ``JSONLSink`` writing to /dev/null; the figure is
-microseconds per event over the whole table. Process start-up is left out, so
-only what grows with the table could show. The three sizes are exported in
-turn within each round (the order reversed every other round); the 10k table
-is exported several times per round so its time is not lost in the clock's
-noise. Bar: 100k and 1M within 20% of 10k (DESIGN.md).
+microseconds of this process's CPU time per event over the whole table.
+Process start-up is left out, so only what grows with the table could show.
+The three sizes are exported in turn within each round (the order reversed
+every other round); the 10k table is exported several times per round so its
+time is not lost in the clock's noise. Bar: 100k and 1M within 20% of 10k
+(DESIGN.md).
 
     python -m bench.bench_scale [--quick]
 """
@@ -24,16 +25,16 @@ def per_event_us(db: str, n: int, repeat: int = 1) -> float:
     from agentrt_export import Follower, JSONLSink
 
     with open("/dev/null", "wb") as out, open_existing(db) as store:
-        started = time.perf_counter()
+        started = time.process_time()
         for _ in range(repeat):
             sink = JSONLSink(out)
             Follower(store, once=True).follow(sink)
-        return (time.perf_counter() - started) / (n * repeat) * 1e6
+        return (time.process_time() - started) / (n * repeat) * 1e6
 
 
 def run(quick: bool) -> list[Figure]:
     sizes = (10_000, 100_000) if quick else (10_000, 100_000, 1_000_000)
-    rounds = 3
+    rounds = 3 if quick else 5
     dbs = {n: event_db(n) for n in sizes}
     log(f"scale: {rounds} rounds over {', '.join(f'{n:,}' for n in sizes)} events")
     costs: dict[int, list[float]] = {n: [] for n in sizes}

@@ -256,7 +256,7 @@ def run_measured(
     os.close(fd)
     try:
         subprocess.run([sys.executable, _LAUNCH, report, *cmd], stdout=stdout,
-                       stdin=subprocess.DEVNULL, env=env, check=True)
+                       stdin=subprocess.DEVNULL, env=env, cwd=REPO_ROOT, check=True)
         with open(report) as f:
             seconds, cpu, maxrss_kb, code = f.read().split()
     finally:
