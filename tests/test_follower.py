@@ -76,6 +76,42 @@ def test_follower_saves_no_cursor_when_nothing_was_delivered(db_path, tmp_path):
     assert not cursor_path.exists()
 
 
+def test_a_sink_with_flush_is_flushed_after_each_page_before_the_cursor_moves(db_path):
+    make_db(db_path, runs=1, events_per_run=7)
+    cursor = MemoryCursor()
+
+    class Sink:
+        def __init__(self) -> None:
+            self.seqs: list[int] = []
+            self.flushes: list[tuple[int, int]] = []  # (events handed over, cursor)
+
+        def __call__(self, event: Event) -> None:
+            self.seqs.append(event.seq)
+
+        def flush(self) -> None:
+            self.flushes.append((len(self.seqs), cursor.load()))
+
+    sink = Sink()
+    Follower(open_existing(db_path), cursor=cursor, page_size=3, once=True).follow(sink)
+    assert sink.seqs == list(range(1, 8))
+    assert sink.flushes == [(3, 0), (6, 3), (7, 6)]
+    assert cursor.load() == 7
+
+
+def test_a_page_sink_gets_whole_pages_and_the_cursor_moves_after_each(db_path):
+    make_db(db_path, runs=1, events_per_run=7)
+    cursor = MemoryCursor()
+    pages: list[tuple[list[int], int]] = []
+
+    class Sink:
+        def handle_page(self, events: list[Event]) -> None:
+            pages.append(([e.seq for e in events], cursor.load()))
+
+    Follower(open_existing(db_path), cursor=cursor, page_size=3, once=True).follow(Sink())
+    assert pages == [([1, 2, 3], 0), ([4, 5, 6], 3), ([7], 6)]
+    assert cursor.load() == 7
+
+
 def test_sink_error_stops_with_the_cursor_before_the_refused_event(db_path):
     make_db(db_path, runs=2, events_per_run=5)
     cursor = MemoryCursor()
