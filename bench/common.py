@@ -14,7 +14,8 @@ made up: a template of two runs is recorded by the real driver (tool calls, a
 malformed request, a denial, an approval pause and resume, model calls with a
 429 retried, completion), and the database holds copies of those runs with their
 ids made unique, several runs open at once, their events interleaved in seq
-order. Times advance 1.037 ms per event. Only the ``events`` and ``runs`` tables
+order. Times advance 1.037 ms per event. The chain is checked with
+``verify_events`` over its first and last thousand events. Only the ``events`` and ``runs`` tables
 are filled: an export from seq 0 sees every run start, so it reads nothing else.
 Writing through the store's own transaction helper costs about 25 µs an event
 (half a minute per million); this writes the same rows with one ``executemany``.
@@ -480,7 +481,7 @@ def event_db(n: int, *, open_runs: int = 8, big_rows: int = 0, big_size: int = 1
     if key in _DBS:
         return _DBS[key]
     from agentrt.chain import chain_hash
-    from agentrt.store import open_store
+    from agentrt.store import open_existing, open_store
 
     started = time.perf_counter()
     path = os.path.join(scratch_dir(), f"events-{n}-{open_runs}-{big_rows}.db")
@@ -523,6 +524,11 @@ def event_db(n: int, *, open_runs: int = 8, big_rows: int = 0, big_size: int = 1
             "VALUES (?, ?, 'COMPLETED', '{}', ?)", run_rows)
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
+    with open_existing(path) as store:  # the chain as the runtime checks it, at both ends
+        for lo, hi in ((1, min(n, 1000)), (max(1, n - 999), n)):
+            report = store.verify_events(lo, hi)
+            if report.broken is not None:
+                raise RuntimeError(f"the generated chain is broken: {report.broken}")
     log(f"  made {os.path.basename(path)}: {n:,} events, {len(seen):,} runs, "
         f"{os.path.getsize(path) / 1e6:,.0f} MB in {time.perf_counter() - started:.1f} s")
     _DBS[key] = path
