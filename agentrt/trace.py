@@ -250,25 +250,26 @@ def _second(key: tuple[int, int, int, int, int, int]) -> bytes:
 
 
 #: A stored time in the form the record writes: UTC, ``Z``, a fraction of at
-#: most six digits without trailing zeros (``format_time``'s output).
-_CANONICAL_AT = re.compile(
-    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{0,5}[1-9])?Z\Z")
+#: most six digits without trailing zeros (``format_time``'s output). Checked
+#: in two parts: the whole second (memoised with its validity, as events come
+#: many to a second), then what follows it.
+_STORED_SECOND = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\Z")
+_STORED_TAIL = re.compile(r"(?:\.[0-9]{0,5}[1-9])?Z\Z")
 _VALID_SECONDS: dict[str, bool] = {}
 
 
 def _valid_second(text: str) -> bool:
-    """Whether ``YYYY-MM-DDTHH:MM:SS`` names a real second (no month 13, no
-    February 30th), memoised like :func:`_second`."""
-    valid = _VALID_SECONDS.get(text)
-    if valid is None:
+    """Whether ``text`` is ``YYYY-MM-DDTHH:MM:SS`` and names a real second (no
+    month 13, no February 30th); remembered for the next events."""
+    valid = _STORED_SECOND.match(text) is not None
+    if valid:
         try:
             datetime.fromisoformat(text)
-            valid = True
         except ValueError:
             valid = False
-        if len(_VALID_SECONDS) >= 1024:
-            _VALID_SECONDS.clear()
-        _VALID_SECONDS[text] = valid
+    if len(_VALID_SECONDS) >= 1024:
+        _VALID_SECONDS.clear()
+    _VALID_SECONDS[text] = valid
     return valid
 
 
@@ -303,7 +304,11 @@ def jsonl_record(event: Event) -> bytes:
         payload = _compacted(payload)
 
     at_text = event.at_text
-    if _CANONICAL_AT.match(at_text) and _valid_second(at_text[:19]):
+    second = at_text[:19]
+    valid = _VALID_SECONDS.get(second)
+    if valid is None:
+        valid = _valid_second(second)
+    if valid and _STORED_TAIL.match(at_text, 19):
         # Stored by the runtime: UTC, trailing fractional zeros trimmed, which
         # is the record's form already (what the branch below would rebuild).
         at, at_tail = at_text.encode(), b""
