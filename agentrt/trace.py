@@ -250,11 +250,12 @@ def _second(key: tuple[int, int, int, int, int, int]) -> bytes:
 
 
 #: A stored time in the form the record writes: UTC, ``Z``, a fraction of at
-#: most six digits without trailing zeros (``format_time``'s output). Checked
+#: most nine digits without trailing zeros (``format_time``'s output, or the
+#: Go reference's nanoseconds, which a datetime could not hold). Checked
 #: in two parts: the whole second (memoised with its validity, as events come
 #: many to a second), then what follows it.
 _STORED_SECOND = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\Z")
-_STORED_TAIL = re.compile(r"(?:\.[0-9]{0,5}[1-9])?Z\Z")
+_STORED_TAIL = re.compile(r"(?:\.[0-9]{0,8}[1-9])?Z\Z")
 _VALID_SECONDS: dict[str, bool] = {}
 
 

@@ -403,10 +403,19 @@ stored_times = st.one_of(
 @example("2026-09-25T24:00:00Z")
 @example("")
 def test_jsonl_record_time_is_the_stored_time_read_and_written_back(text):
-    # The record copies a stored time that is already in its form and rebuilds
-    # any other from the parsed time: both must give the same bytes.
+    # The record copies a stored time that is already in its form (nanoseconds
+    # of a database the Go reference wrote included) and rebuilds any other
+    # from the parsed time.
     e = Event(7, "r", "", text, "step.decided", b"{}")
-    assert b'"at":"' + go_time(e.at) + b'"' in jsonl_record(e)
+    canonical = re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}"
+                             r"(\.[0-9]{0,8}[1-9])?Z", text)
+    expected = text.encode() if canonical and e.at != ZERO_TIME else go_time(e.at)
+    assert b'"at":"' + expected + b'"' in jsonl_record(e)
+
+
+def test_jsonl_record_keeps_the_nanoseconds_of_a_go_written_time():
+    e = Event(7, "r", "", "2026-09-25T14:03:04.123456789Z", "step.decided", b"{}")
+    assert b'"at":"2026-09-25T14:03:04.123456789Z"' in jsonl_record(e)
 
 
 @given(st.text(), st.text(min_size=1))
