@@ -54,16 +54,37 @@ def _fraction(micro: int) -> str:
     return f".{micro:06d}".rstrip("0") if micro else ""
 
 
+# The stored form of recent UTC readings. One clock reading is written several
+# times (a step's start time four times, an event's time and the row's), and
+# formatting costs a dozen times a lookup. Only UTC datetimes are remembered:
+# two equal datetimes of another zone can be different instants (a repeated
+# wall-clock hour compares equal whatever its fold).
+_FORMATTED: dict[datetime, str] = {}
+_FORMATTED_MAX = 1024
+
+
 def format_time(t: datetime | None) -> str:
     """Stored form: UTC, trailing fractional zeros trimmed, ``Z``; None -> ""."""
-    if t is None or t == ZERO_TIME:
+    if t is None:
         return ""
-    if t.tzinfo is not None and t.tzinfo is not UTC:
+    utc = t.tzinfo is UTC
+    if utc:
+        text = _FORMATTED.get(t)
+        if text is not None:
+            return text
+    if t == ZERO_TIME:
+        return ""
+    if t.tzinfo is not None and not utc:
         t = t.astimezone(UTC)
     # isoformat is several times faster than strftime and always writes four
     # year digits, as Go does.
     text = t.replace(tzinfo=None).isoformat()
-    return (text.rstrip("0") if t.microsecond else text) + "Z"
+    text = (text.rstrip("0") if t.microsecond else text) + "Z"
+    if utc:
+        if len(_FORMATTED) >= _FORMATTED_MAX:
+            _FORMATTED.clear()
+        _FORMATTED[t] = text
+    return text
 
 
 def format_time_nano(t: datetime | None) -> str:

@@ -11,7 +11,6 @@ _store_after_every_write`` holds this module to the decoder.
 from __future__ import annotations
 
 import re
-from datetime import datetime
 from typing import Any
 
 from agentrt.gojson import compact
@@ -48,20 +47,9 @@ def stored_raw(data: bytes | None) -> bytes | None:
     return compact(data, html=True)
 
 
-_TIMES: dict[datetime, str] = {}
-
-
-def stored_time(t: datetime | None) -> str:
-    """:func:`agentrt.timefmt.format_time`, remembered: a step writes the same
-    start time four times."""
-    if t is None:
-        return ""
-    text = _TIMES.get(t)
-    if text is None:
-        if len(_TIMES) > 512:
-            _TIMES.clear()
-        text = _TIMES[t] = format_time(t)
-    return text
+#: A time as stored: :func:`agentrt.timefmt.format_time`, which remembers recent
+#: readings (a step writes the same start time four times).
+stored_time = format_time
 
 
 def stored_decision(d: Decision) -> Decision:

@@ -47,7 +47,7 @@ from agentrt.store.rows import (
     run_from_row,
     step_from_row,
 )
-from agentrt.store.tx import TxScope
+from agentrt.store.tx import Tx
 from agentrt.timefmt import parse_time
 
 __all__ = ["ReadOnlyStoreError", "Store", "open_existing", "open_store"]
@@ -133,7 +133,7 @@ class Store:
 
     # -- writes ------------------------------------------------------------
 
-    def tx(self, observer: Observer | None = None) -> TxScope:
+    def tx(self, observer: Observer | None = None) -> Tx:
         """One write transaction: ``with store.tx(observer) as tx: ...``.
 
         BEGIN IMMEDIATE (the write lock is taken up front, so a read-then-write
@@ -146,7 +146,7 @@ class Store:
             raise ReadOnlyStoreError(
                 f"{self.path} was opened read-only; open it with "
                 "open_existing(path, read_only=False) to write")
-        return TxScope(self._conn, self._lock, observer)
+        return Tx(self._conn, self._lock, observer)
 
     # -- full reads --------------------------------------------------------
 
