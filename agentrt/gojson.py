@@ -21,6 +21,7 @@ import orjson
 
 __all__ = [
     "Raw",
+    "add_go_escapes",
     "compact",
     "dumps",
     "encode_string",
@@ -193,6 +194,17 @@ _ESCAPE_STARTS_HTML = b"<>&\xe2"
 _ESCAPE_STARTS = b"\xe2"
 
 
+def add_go_escapes(data: bytes, html: bool = True) -> bytes:
+    """orjson's output of a plain value made Go's: the escapes Go adds and orjson does
+    not (``<``, ``>``, ``&`` when ``html``; U+2028 and U+2029 always). Those
+    characters can only occur inside strings, so replacing their bytes is exact."""
+    starts = _ESCAPE_STARTS_HTML if html else _ESCAPE_STARTS
+    if len(data.translate(None, starts)) != len(data):
+        for raw, escaped in _GO_ESCAPES_HTML if html else _GO_ESCAPES_ALWAYS:
+            data = data.replace(raw, escaped)
+    return data
+
+
 def dumps(value: Any, html: bool = True) -> bytes:
     """Encode ``value`` as Go's ``json.Marshal`` would (``html=True``) or an
     ``Encoder`` with ``SetEscapeHTML(false)`` (``html=False``), without newline.
@@ -208,11 +220,7 @@ def dumps(value: Any, html: bool = True) -> bytes:
         except orjson.JSONEncodeError:
             pass  # an integer past 64 bits, a lone surrogate: the encoder below
         else:
-            starts = _ESCAPE_STARTS_HTML if html else _ESCAPE_STARTS
-            if len(data.translate(None, starts)) != len(data):
-                for raw, escaped in _GO_ESCAPES_HTML if html else _GO_ESCAPES_ALWAYS:
-                    data = data.replace(raw, escaped)
-            return data
+            return add_go_escapes(data, html)
     out: list[str] = []
     _encode(value, out, html)
     return "".join(out).encode("utf-8", "surrogateescape")
