@@ -113,9 +113,11 @@ def compact(data: bytes, html: bool = False) -> bytes:
     With ``html`` the characters ``<>&`` and U+2028/U+2029 are escaped, as Go
     does when it marshals a ``json.RawMessage``. The input must be valid JSON.
     """
-    if any(c in data for c in b" \t\n\r"):
+    # Deleting the bytes of interest and comparing lengths is one pass in C,
+    # several times cheaper than a regex search or a generator over them.
+    if len(data.translate(None, b" \t\n\r")) != len(data):
         data = _TOKEN.sub(rb"\1", data)
-    if html and _HTML_BYTES.search(data) is not None:
+    if html and len(data.translate(None, b"<>&\xe2")) != len(data):
         data = _HTML_BYTES.sub(lambda m: _HTML_ESCAPES[m.group()], data)
     return data
 
