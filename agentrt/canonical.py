@@ -149,7 +149,7 @@ def _fast_canonical(data: bytes, html: bool) -> bytes | None:
     the value to the slow path. orjson escapes strings as Go does except for
     the characters ``add_go_escapes`` adds.
     """
-    if b"-0" in data and _NEGATIVE_ZERO.search(data) is not None:
+    if data.find(b"-0") >= 0 and _NEGATIVE_ZERO.search(data) is not None:
         return None
     try:
         value = orjson.loads(data)
@@ -205,7 +205,8 @@ def _certainly_usable(data: bytes) -> bool:
         return False
     keys, floats = _keys_and_floats(value)
     colons = data.count(b":")
-    if colons != keys and (b"\\u" in data or colons - _string_colons(value) != keys):
+    if colons != keys and (data.find(b"\\u") >= 0
+                           or colons - _string_colons(value) != keys):
         return False
     return not floats or (len(data) <= MAX_NUMBER_LENGTH
                           and _LARGE_EXPONENT.search(data) is None)
