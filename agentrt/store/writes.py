@@ -66,7 +66,9 @@ def _either(values: Sequence[str]) -> str:
     return " or ".join(values)
 
 
+@functools.cache
 def _marks(n: int) -> str:
+    """``?, ?, ?`` for n parameters (remembered: statements are rebuilt on every write)."""
     return ", ".join("?" * n)
 
 
@@ -339,11 +341,14 @@ def put_tool_spec(tx: Tx, spec_hash: str, canonical: bytes) -> None:
     )
 
 
+@functools.cache
+def _insert_step_sql(n: int) -> str:
+    return f"INSERT INTO steps ({STEP_COLUMNS.names}) VALUES ({_marks(n)})"
+
+
 def insert_step(tx: Tx, row: Sequence[Any]) -> None:
     """A new step from a full row in ``STEP_COLUMNS`` order."""
-    tx.execute(
-        f"INSERT INTO steps ({STEP_COLUMNS.names}) VALUES ({_marks(len(row))})", tuple(row)
-    )
+    tx.execute(_insert_step_sql(len(row)), tuple(row))
 
 
 def _step_not_in(tx: Tx, step_id: str, expected: Sequence[str]) -> RunStateError:
@@ -351,6 +356,16 @@ def _step_not_in(tx: Tx, step_id: str, expected: Sequence[str]) -> RunStateError
     if row is None:
         return RunStateError(f"step {step_id} does not exist")
     return RunStateError(f"step {step_id} is {row[0]}, not {_either(expected)}")
+
+
+@functools.cache
+def _update_step_sql(n_expected: int, guarded: bool) -> str:
+    guard = (" AND EXISTS (SELECT 1 FROM runs WHERE id = ? AND status = 'RUNNING' "
+             "AND lease_owner = ?)") if guarded else ""
+    return ("UPDATE steps SET status = ?, decision_json = ?, policy_json = ?, "
+            "observation_json = ?, observation_hash = ?, started_at = ?, finished_at = ?, "
+            "spec_hash = ?, policy_id = ? "
+            f"WHERE id = ? AND status IN ({_marks(n_expected)}){guard}")
 
 
 def update_step(tx: Tx, row: Sequence[Any], expected: Sequence[str], *,
@@ -362,19 +377,11 @@ def update_step(tx: Tx, row: Sequence[Any], expected: Sequence[str], *,
     error says why (as :func:`check_run` does).
     """
     step_id = row[0]
-    guard = ""
-    params: tuple[Any, ...] = (*row[3:], step_id, *expected)
-    if running_for is not None:
-        guard = (" AND EXISTS (SELECT 1 FROM runs WHERE id = ? AND status = 'RUNNING' "
-                 "AND lease_owner = ?)")
-        params = (*params, row[1], running_for)
-    tx.execute(
-        "UPDATE steps SET status = ?, decision_json = ?, policy_json = ?, "
-        "observation_json = ?, observation_hash = ?, started_at = ?, finished_at = ?, "
-        "spec_hash = ?, policy_id = ? "
-        f"WHERE id = ? AND status IN ({_marks(len(expected))}){guard}",
-        params,
-    )
+    if running_for is None:
+        tx.execute(_update_step_sql(len(expected), False), (*row[3:], step_id, *expected))
+    else:
+        tx.execute(_update_step_sql(len(expected), True),
+                   (*row[3:], step_id, *expected, row[1], running_for))
     if tx.changes() == 0:
         if running_for is not None:
             check_run(tx, str(row[1]), (RUNNING,), owner=running_for)
