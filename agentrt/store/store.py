@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from typing import Any
 
@@ -68,6 +68,27 @@ class ReadOnlyStoreError(AgentrtError):
     base = "agentrt: store is read-only"
 
 
+class _Locked:
+    """``with store.locked() as conn``: the lock held, the connection handed out.
+
+    A class rather than a ``@contextmanager`` generator, which cost several
+    times the lock itself on the loop's once-a-step read of the run.
+    """
+
+    __slots__ = ("_conn", "_lock")
+
+    def __init__(self, conn: apsw.Connection, lock: threading.RLock) -> None:
+        self._conn = conn
+        self._lock = lock
+
+    def __enter__(self) -> apsw.Connection:
+        self._lock.acquire()
+        return self._conn
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
 class Store:
     """A handle on one database. Use :func:`open_store` or :func:`open_existing`.
 
@@ -118,11 +139,9 @@ class Store:
         """
         return self._conn
 
-    @contextmanager
-    def locked(self) -> Iterator[apsw.Connection]:
+    def locked(self) -> AbstractContextManager[apsw.Connection]:
         """The connection under the store's lock, for a sequence of reads."""
-        with self._lock:
-            yield self._conn
+        return _Locked(self._conn, self._lock)
 
     @contextmanager
     def lease_connection(self) -> Iterator[apsw.Connection]:
