@@ -119,6 +119,49 @@ def test_seq_is_never_reused_after_the_newest_events_are_deleted(store):
     assert [e.seq for e in store.list_events("r")] == [1, 2, 6]
 
 
+def _chain_is_intact(store) -> bool:
+    report = store.verify_events()
+    return report.intact and report.to_seq == store.chain_head()[0]
+
+
+@pytest.mark.parametrize("between", [
+    "other connection appends", "own connection deletes the tail", "plain tx deletes",
+    "own-writes tx rolls back", "nothing",
+])
+def test_own_writes_transactions_reuse_the_head_only_while_no_commit_intervened(
+        tmp_path, between):
+    path = str(tmp_path / "h.db")
+    with open_store(path) as store:
+        with store.tx(own_writes=True) as tx:
+            insert_run(tx, "r")
+            for i in range(3):
+                tx.append("r", "", T0, "run.started", {"i": i})
+        if between == "other connection appends":
+            with open_store(path) as other, other.tx() as tx:
+                tx.append("r", "", T0, "run.resumed", {"by": "other"})
+        elif between == "own connection deletes the tail":
+            store.db().execute("DELETE FROM events WHERE seq = 3")
+        elif between == "plain tx deletes":
+            with store.tx() as tx:
+                tx.execute("DELETE FROM events WHERE seq = 3")
+        elif between == "own-writes tx rolls back":
+            with pytest.raises(Boom), store.tx(own_writes=True) as tx:
+                tx.append("r", "", T0, "run.resumed", {"rolled": "back"})
+                raise Boom
+        with store.tx(own_writes=True) as tx:
+            event = tx.append("r", "", T0, "run.resumed", {})
+        expected = {"other connection appends": 5}.get(between, 4)
+        assert event.seq == expected  # never a reused seq
+        # Deleting the newest events cuts the log's end, which the chain cannot
+        # show; the new event still chains to the newest stored one.
+        if between not in ("own connection deletes the tail", "plain tx deletes"):
+            assert _chain_is_intact(store)
+        else:
+            prev = store.db().execute("SELECT hash FROM events WHERE seq = 2").fetchone()[0]
+            assert store.event_hash(4) == chain_hash(prev, 4, "r", "", "2026-10-01T09:00:00Z",
+                                                     "run.resumed", b"{}")
+
+
 def test_event_fields_are_stored_as_given(store):
     with store.tx() as tx:
         insert_run(tx, "r")

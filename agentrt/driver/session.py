@@ -228,7 +228,7 @@ class Session:
         happened), a cancelled caller writes nothing."""
         if not detached and self.cancel.cancelled:
             raise CancelledError(self.cancel.reason)
-        return self.core.store.tx(self.core.observer)
+        return self.core.store.tx(self.core.observer, own_writes=True)
 
     def owner_terms(self, statuses: Sequence[str]) -> str | None:
         return self.core.owner if RUNNING[0] in statuses else None

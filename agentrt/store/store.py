@@ -47,7 +47,7 @@ from agentrt.store.rows import (
     run_from_row,
     step_from_row,
 )
-from agentrt.store.tx import Tx
+from agentrt.store.tx import ChainHead, Tx
 from agentrt.timefmt import parse_time
 
 __all__ = ["ReadOnlyStoreError", "Store", "open_existing", "open_store"]
@@ -112,6 +112,7 @@ class Store:
         self.path = path
         self.read_only = read_only
         self._closed = False
+        self._head = ChainHead()
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -152,7 +153,7 @@ class Store:
 
     # -- writes ------------------------------------------------------------
 
-    def tx(self, observer: Observer | None = None) -> Tx:
+    def tx(self, observer: Observer | None = None, *, own_writes: bool = False) -> Tx:
         """One write transaction: ``with store.tx(observer) as tx: ...``.
 
         BEGIN IMMEDIATE (the write lock is taken up front, so a read-then-write
@@ -160,12 +161,16 @@ class Store:
         the mutation and its ``tx.append``-ed events, COMMIT, and only then the
         events to the observer, in append order. Any exception inside rolls
         the transaction back and propagates; the connection stays usable.
+
+        ``own_writes`` is the runtime's promise that its statements change
+        the events table only through ``tx.append``; such transactions reuse
+        the chain head the last one left when no commit happened since.
         """
         if self.read_only:
             raise ReadOnlyStoreError(
                 f"{self.path} was opened read-only; open it with "
                 "open_existing(path, read_only=False) to write")
-        return Tx(self._conn, self._lock, observer)
+        return Tx(self._conn, self._lock, observer, self._head if own_writes else None)
 
     # -- full reads --------------------------------------------------------
 

@@ -23,7 +23,7 @@ from agentrt.events import Event, Observer
 from agentrt.gojson import dumps
 from agentrt.timefmt import format_time
 
-__all__ = ["Tx", "TxScope", "encode_payload"]
+__all__ = ["ChainHead", "Tx", "TxScope", "encode_payload"]
 
 # The head: the larger of the highest seq stored and the highest AUTOINCREMENT
 # ever handed out (which survives deleting the newest events), and the hash of
@@ -41,6 +41,28 @@ _INSERT_EVENT_SQL = (
 
 
 _NO_LOCK = nullcontext()
+
+
+class ChainHead:
+    """The chain's head (seq, hash) as the store's last own-writes transaction left
+    it, and the connection's data version just after that commit.
+
+    SQLite's data version (``SQLITE_FCNTL_DATA_VERSION``) changes with every
+    commit to the file, by this connection or any other, once a transaction
+    sees it. So inside a later transaction, an unchanged version proves no
+    commit happened in between: the head is still this one, and reading it
+    again (three subqueries, the costliest statement of a small transaction)
+    can be skipped. Only transactions opened with ``own_writes`` use and
+    update it: their statements are the runtime's, which change the events
+    table through ``append`` alone; any other transaction reads the head.
+    """
+
+    __slots__ = ("hash", "seq", "version")
+
+    def __init__(self) -> None:
+        self.version = -1  # never a data version
+        self.seq = 0
+        self.hash = ""
 
 
 def encode_payload(payload: bytes | dict[str, Any] | None) -> bytes:
@@ -71,14 +93,17 @@ class Tx:
     and a second object per transaction was measurable.
     """
 
-    __slots__ = ("_conn", "_head_hash", "_head_seq", "_lock", "_observer", "events")
+    __slots__ = ("_conn", "_known_head", "_head_hash", "_head_seq", "_lock", "_observer",
+                 "events")
 
     def __init__(self, conn: apsw.Connection,
                  lock: AbstractContextManager[Any] | None = None,
-                 observer: Observer | None = None) -> None:
+                 observer: Observer | None = None, known_head: ChainHead | None = None) -> None:
         self._conn = conn
         self._lock = lock if lock is not None else _NO_LOCK
         self._observer = observer
+        #: Set for the runtime's own transactions (see :class:`ChainHead`).
+        self._known_head = known_head
         self._head_seq: int | None = None
         self._head_hash = ""
         self.events: list[Event] = []
@@ -104,6 +129,11 @@ class Tx:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
                     raise
+                known = self._known_head
+                if known is not None and self._head_seq is not None:
+                    known.version = conn.data_version()
+                    known.seq = self._head_seq
+                    known.hash = self._head_hash
             elif conn.in_transaction:
                 conn.execute("ROLLBACK")
         finally:
@@ -150,10 +180,14 @@ class Tx:
         conn = self._conn
         seq = self._head_seq
         if seq is None:
-            row = conn.execute(_HEAD_SQL).fetchone()
-            assert row is not None  # an aggregate always yields a row
-            seq = int(row[0])
-            self._head_hash = str(row[1] or "")
+            known = self._known_head
+            if known is not None and known.version == conn.data_version():
+                seq, self._head_hash = known.seq, known.hash  # no commit since it was left
+            else:
+                row = conn.execute(_HEAD_SQL).fetchone()
+                assert row is not None  # an aggregate always yields a row
+                seq = int(row[0])
+                self._head_hash = str(row[1] or "")
         seq += 1
         data = encode_payload(payload)
         run_id, step_id, type = str(run_id), str(step_id), str(type)
