@@ -113,6 +113,7 @@ class Store:
         self.read_only = read_only
         self._closed = False
         self._head = ChainHead()
+        self._tx_cursor = conn.cursor()  # for Tx's own statements, under the lock
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -170,7 +171,8 @@ class Store:
             raise ReadOnlyStoreError(
                 f"{self.path} was opened read-only; open it with "
                 "open_existing(path, read_only=False) to write")
-        return Tx(self._conn, self._lock, observer, self._head if own_writes else None)
+        return Tx(self._conn, self._lock, observer, self._head if own_writes else None,
+                  self._tx_cursor)
 
     # -- full reads --------------------------------------------------------
 
