@@ -208,9 +208,9 @@ def _normalise(decision: Decision) -> tuple[Decision, Decision, str | None]:
     recorded = Decision(d.kind, d.tool, args, d.reason, result, d.message, d.origin)
     args_problem = check_json(args) if args is not None else None
     result_problem = check_json(result) if result is not None else None
-    bad = [b for b, p in ((args, args_problem), (result, result_problem))
-           if b is not None and p is not None]
-    if bad:
+    if args_problem is not None or result_problem is not None:
+        bad = [b for b, p in ((args, args_problem), (result, result_problem))
+               if b is not None and p is not None]
         as_b64 = False
         for b in bad:
             try:
