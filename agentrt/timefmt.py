@@ -63,6 +63,27 @@ _FORMATTED: dict[datetime, str] = {}
 _FORMATTED_MAX = 1024
 
 
+_TWO_DIGITS = tuple(f"{n:02d}" for n in range(100))
+
+
+def _stored_form(t: datetime) -> str:
+    """``t.replace(tzinfo=None).isoformat()`` with the fraction's trailing zeros
+    trimmed, and ``Z``: the fields of ``t`` as they are (UTC or naive).
+
+    Built from a table of two-digit strings: ``isoformat`` goes through C's
+    printf-style formatting and the ``replace`` allocates, together several
+    times this, and each clock reading is formatted once.
+    """
+    d = _TWO_DIGITS
+    year = t.year
+    text = (f"{year if year >= 1000 else f'{year:04d}'}-{d[t.month]}-{d[t.day]}"
+            f"T{d[t.hour]}:{d[t.minute]}:{d[t.second]}")
+    micro = t.microsecond
+    if micro:
+        text = f"{text}.{str(1_000_000 + micro)[1:].rstrip('0')}"
+    return text + "Z"
+
+
 def format_time(t: datetime | None) -> str:
     """Stored form: UTC, trailing fractional zeros trimmed, ``Z``; None -> ""."""
     if t is None:
@@ -76,10 +97,11 @@ def format_time(t: datetime | None) -> str:
         return ""
     if t.tzinfo is not None and not utc:
         t = t.astimezone(UTC)
-    # isoformat is several times faster than strftime and always writes four
-    # year digits, as Go does.
-    text = t.replace(tzinfo=None).isoformat()
-    text = (text.rstrip("0") if t.microsecond else text) + "Z"
+    if type(t) is datetime:
+        text = _stored_form(t)
+    else:  # a subclass may write its own isoformat (nanoseconds, say): use it
+        text = t.replace(tzinfo=None).isoformat()
+        text = (text.rstrip("0") if t.microsecond else text) + "Z"
     if utc:
         if len(_FORMATTED) >= _FORMATTED_MAX:
             _FORMATTED.clear()

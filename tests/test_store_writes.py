@@ -6,6 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import apsw
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from store_helpers import T0, insert_run
 
 from agentrt import Event, chain_hash, open_store
@@ -226,3 +228,23 @@ def test_store_lock_serialises_threads(store):
         t.join()
     assert [e.seq for e in store.list_events("r")] == list(range(1, 81))
     assert store.verify_events().intact
+
+
+def _isoformat_stored(t: datetime) -> str:
+    """The stored time as first written: isoformat of the UTC fields, trimmed."""
+    if t.tzinfo is not None:
+        t = t.astimezone(UTC)
+    text = t.replace(tzinfo=None).isoformat()
+    return (text.rstrip("0") if t.microsecond else text) + "Z"
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.datetimes(min_value=datetime(2, 1, 1), max_value=datetime(9998, 12, 31),
+                    timezones=st.none() | st.just(UTC) | st.timezones()))
+def test_stored_time_is_the_utc_isoformat_with_its_fraction_trimmed(t):
+    from agentrt.timefmt import format_time, parse_time
+
+    assert format_time(t) == _isoformat_stored(t)
+    assert format_time(t) == format_time(t)  # remembered readings give the same text
+    if t.tzinfo is UTC:
+        assert parse_time(format_time(t)) == t
