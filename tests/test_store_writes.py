@@ -164,6 +164,21 @@ def test_own_writes_transactions_reuse_the_head_only_while_no_commit_intervened(
                                                      "run.resumed", b"{}")
 
 
+def test_a_transactions_reads_and_appends_leave_no_statement_holding_a_table(store):
+    store.db().execute("CREATE TABLE mine (x)")
+    store.db().execute("INSERT INTO mine VALUES (1), (2)")
+    with store.tx() as tx:
+        insert_run(tx, "r")
+        assert tx.one("SELECT x FROM mine ORDER BY x") == (1,)  # a second row unread
+        tx.append("r", "", T0, "run.started", {})
+        tx.execute("DROP TABLE mine")  # a consumer's own schema change, same transaction
+    with store.tx(own_writes=True) as tx:
+        tx.run("CREATE TABLE mine2 (x)")
+        tx.append("r", "", T0, "run.resumed", {})
+        tx.run("DROP TABLE mine2")
+    assert [e.seq for e in store.list_events("r")] == [1, 2]
+
+
 def test_event_fields_are_stored_as_given(store):
     with store.tx() as tx:
         insert_run(tx, "r")

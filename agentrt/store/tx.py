@@ -102,9 +102,10 @@ class Tx:
                  cursor: apsw.Cursor | None = None) -> None:
         self._conn = conn
         # The transaction's own statements (BEGIN, COMMIT, the head, the events,
-        # ``run`` and ``one``) share one cursor: a cursor per statement, as
-        # ``conn.execute`` makes, cost a third of a small statement. The store
-        # hands over its cursor, used only under its lock.
+        # ``run``) share one cursor: a cursor per statement, as ``conn.execute``
+        # makes, cost a third of a small statement. Each runs to its end (the
+        # head's aggregate is reset by the insert after it). The store hands
+        # over its cursor, used only under its lock.
         self._cur = cursor if cursor is not None else conn.cursor()
         self._lock = lock if lock is not None else _NO_LOCK
         self._observer = observer
@@ -160,14 +161,18 @@ class Tx:
         return self._conn.execute(sql, params)
 
     def run(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> None:
-        """Run one statement whose rows nobody reads (an INSERT, an UPDATE):
-        cheaper than :meth:`execute`."""
+        """Run one statement that returns no rows (an INSERT or UPDATE without
+        RETURNING): cheaper than :meth:`execute`, as it reuses one cursor."""
         self._cur.execute(sql, params)
 
     def one(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()
             ) -> tuple[Any, ...] | None:
-        """The first row of a query, or None."""
-        row = self._cur.execute(sql, params).fetchone()
+        """The first row of a query, or None.
+
+        On a cursor of its own, dropped at once: a query left part-read would
+        hold its table (a DROP in the same transaction would find it locked).
+        """
+        row = self._conn.execute(sql, params).fetchone()
         return tuple(row) if row is not None else None
 
     def changes(self) -> int:
