@@ -113,7 +113,7 @@ def _decode_first(data: bytes) -> tuple[bool, Any]:
 # a step checks and hashes several. orjson parses the common value ten times
 # faster; where what it parsed provably matches what the strict decoder would
 # (below), its result is used, and otherwise the strict decoder decides.
-# ``tests/test_canonical_fast.py`` holds both paths to the same answers.
+# ``tests/test_hashing.py`` holds both paths to the same answers.
 
 _LEAVES = frozenset((str, int, bool, type(None)))
 
