@@ -14,7 +14,9 @@ import json
 import re
 from typing import Any
 
-from agentrt.gojson import encode_string
+import orjson
+
+from agentrt.gojson import add_go_escapes, encode_string
 
 __all__ = [
     "MAX_JSON_DEPTH",
@@ -105,7 +107,117 @@ def _decode_first(data: bytes) -> tuple[bool, Any]:
     return True, value
 
 
+# -- the fast paths ----------------------------------------------------------
+#
+# The strict decoder above is exact but costs some microseconds per value, and
+# a step checks and hashes several. orjson parses the common value ten times
+# faster; where what it parsed provably matches what the strict decoder would
+# (below), its result is used, and otherwise the strict decoder decides.
+# ``tests/test_hashing.py`` holds both paths to the same answers.
+
+_LEAVES = frozenset((str, int, bool, type(None)))
+
+
+def _keys_and_floats(value: Any) -> tuple[int, bool]:
+    """(how many object members ``value`` holds, whether it holds a float)."""
+    keys, floats = 0, False
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        t = type(v)
+        if t in _LEAVES:
+            continue
+        if t is dict:
+            keys += len(v)
+            stack.extend(v.values())
+        elif t is list:
+            stack.extend(v)
+        else:  # float: orjson's only other type
+            floats = True
+    return keys, floats
+
+
+def _fast_canonical(data: bytes, html: bool) -> bytes | None:
+    """The canonical form by orjson, or None when it might differ from the slow path's.
+
+    orjson refuses everything the strict path would clean up (invalid UTF-8,
+    lone surrogates, trailing data), keeps integers exactly within 64 bits and
+    makes floats of all other numbers, and sorts keys by code point, which for
+    strings without surrogates is UTF-8 byte order; a repeated key keeps its
+    last value in both. Number literals must be written back as they were
+    written, so a float (or the literal ``-0``, which orjson reads as 0) sends
+    the value to the slow path. orjson escapes strings as Go does except for
+    the characters ``add_go_escapes`` adds.
+    """
+    if data.find(b"-0") >= 0 and _NEGATIVE_ZERO.search(data) is not None:
+        return None
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    if _keys_and_floats(value)[1]:
+        return None
+    return add_go_escapes(orjson.dumps(value, option=orjson.OPT_SORT_KEYS), html)
+
+
+# The literal -0, or text inside a string that looks like it ("-0" in a date
+# is followed by a digit).
+_NEGATIVE_ZERO = re.compile(rb"-0(?![0-9.eE])")
+# An exponent of five or more significant digits, perhaps inside a string.
+_LARGE_EXPONENT = re.compile(rb"[eE][+-]?0*[1-9][0-9]{4}")
+
+
+def _string_colons(value: Any) -> int:
+    """How many ``:`` the strings of ``value`` (keys included) hold."""
+    n = 0
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        t = type(v)
+        if t is str:
+            n += v.count(":")
+        elif t is dict:
+            for k in v:
+                n += k.count(":")
+            stack.extend(v.values())
+        elif t is list:
+            stack.extend(v)
+    return n
+
+
+def _certainly_usable(data: bytes) -> bool:
+    """True when ``data`` is usable consumer JSON, proven cheaply (the depth is
+    checked before); False means only that the strict check must decide.
+
+    orjson refuses invalid UTF-8, lone surrogate escapes, trailing data and
+    anything that is not one RFC 8259 value. A repeated key it keeps silently,
+    but every member of the text is written with one ``:`` outside strings:
+    when the text's colons number exactly the members parsed plus the colons
+    in the parsed strings, no member was dropped. (A colon inside a string
+    decodes to exactly one colon unless written as a ``\\u`` escape, so texts
+    with those are left to the strict check.) A number literal can only be
+    too long in a text longer than the limit, or have too large an exponent
+    where the text shows one.
+    """
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return False
+    keys, floats = _keys_and_floats(value)
+    colons = data.count(b":")
+    if colons != keys and (data.find(b"\\u") >= 0
+                           or colons - _string_colons(value) != keys):
+        return False
+    return not floats or (len(data) <= MAX_NUMBER_LENGTH
+                          and _LARGE_EXPONENT.search(data) is None)
+
+
 def _canonical(data: bytes, html: bool) -> bytes:
+    fast = _fast_canonical(data, html)
+    return fast if fast is not None else _strict_canonical(data, html)
+
+
+def _strict_canonical(data: bytes, html: bool) -> bytes:
     present, value = _decode_first(data)
     if not present:
         return b"null"
@@ -244,6 +356,13 @@ def check_json(data: bytes) -> str | None:
     """
     if _depth_exceeds(data, MAX_JSON_DEPTH):
         return f"nested deeper than {MAX_JSON_DEPTH} levels"
+    if _certainly_usable(data):
+        return None
+    return _strict_check(data)
+
+
+def _strict_check(data: bytes) -> str | None:
+    """:func:`check_json` after the depth check, by the strict decoder alone."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

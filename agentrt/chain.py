@@ -17,6 +17,11 @@ def netstring(data: bytes) -> bytes:
     return b"%d:%b," % (len(data), data)
 
 
+# Netstring lengths looked up rather than formatted: turning an int into text
+# costs more than assembling the rest of an event's header.
+_LENGTHS = tuple(str(n) for n in range(1024))
+
+
 def chain_hash(
     prev_hash: str,
     seq: int,
@@ -28,15 +33,22 @@ def chain_hash(
 ) -> str:
     """Lowercase hex sha256 over seven netstrings of the fields exactly as stored."""
     payload = payload_json.encode("utf-8") if isinstance(payload_json, str) else payload_json
-    p = prev_hash.encode("utf-8")
-    s = str(seq).encode("ascii")
-    r = run_id.encode("utf-8")
-    st = step_id.encode("utf-8")
-    a = at.encode("utf-8")
-    t = type.encode("utf-8")
-    # One buffer, formatted at once: the writer computes this on every append.
-    return hashlib.sha256(
-        b"%d:%b,%d:%b,%d:%b,%d:%b,%d:%b,%d:%b,%d:%b,"
-        % (len(p), p, len(s), s, len(r), r, len(st), st, len(a), a, len(t), t,
-           len(payload), payload)
-    ).hexdigest()
+    s = str(seq)
+    # The writer computes this on every append. Its usual fields are ASCII, where
+    # a character is a byte: the header before the payload is then one string,
+    # encoded once, with lengths taken from the table.
+    L = _LENGTHS
+    try:
+        header = (f"{L[len(prev_hash)]}:{prev_hash},{L[len(s)]}:{s},{L[len(run_id)]}:{run_id},"
+                  f"{L[len(step_id)]}:{step_id},{L[len(at)]}:{at},{L[len(type)]}:{type},"
+                  f"{L[len(payload)]}:")
+    except IndexError:  # a field of 1024 or more: the general path below
+        header = None
+    if header is not None and header.isascii():
+        h = hashlib.sha256(header.encode("ascii"))
+        h.update(payload)
+        h.update(b",")
+        return h.hexdigest()
+    fields = [f.encode("utf-8") for f in (prev_hash, s, run_id, step_id, at, type)]
+    fields.append(payload)
+    return hashlib.sha256(b"".join(netstring(f) for f in fields)).hexdigest()

@@ -54,16 +54,59 @@ def _fraction(micro: int) -> str:
     return f".{micro:06d}".rstrip("0") if micro else ""
 
 
+# The stored form of recent UTC readings. One clock reading is written several
+# times (a step's start time four times, an event's time and the row's), and
+# formatting costs a dozen times a lookup. Only UTC datetimes are remembered:
+# two equal datetimes of another zone can be different instants (a repeated
+# wall-clock hour compares equal whatever its fold).
+_FORMATTED: dict[datetime, str] = {}
+_FORMATTED_MAX = 1024
+
+
+_TWO_DIGITS = tuple(f"{n:02d}" for n in range(100))
+
+
+def _stored_form(t: datetime) -> str:
+    """``t.replace(tzinfo=None).isoformat()`` with the fraction's trailing zeros
+    trimmed, and ``Z``: the fields of ``t`` as they are (UTC or naive).
+
+    Built from a table of two-digit strings: ``isoformat`` goes through C's
+    printf-style formatting and the ``replace`` allocates, together several
+    times this, and each clock reading is formatted once.
+    """
+    d = _TWO_DIGITS
+    year = t.year
+    text = (f"{year if year >= 1000 else f'{year:04d}'}-{d[t.month]}-{d[t.day]}"
+            f"T{d[t.hour]}:{d[t.minute]}:{d[t.second]}")
+    micro = t.microsecond
+    if micro:
+        text = f"{text}.{str(1_000_000 + micro)[1:].rstrip('0')}"
+    return text + "Z"
+
+
 def format_time(t: datetime | None) -> str:
     """Stored form: UTC, trailing fractional zeros trimmed, ``Z``; None -> ""."""
-    if t is None or t == ZERO_TIME:
+    if t is None:
         return ""
-    if t.tzinfo is not None and t.tzinfo is not UTC:
+    utc = t.tzinfo is UTC
+    if utc:
+        text = _FORMATTED.get(t)
+        if text is not None:
+            return text
+    if t == ZERO_TIME:
+        return ""
+    if t.tzinfo is not None and not utc:
         t = t.astimezone(UTC)
-    # isoformat is several times faster than strftime and always writes four
-    # year digits, as Go does.
-    text = t.replace(tzinfo=None).isoformat()
-    return (text.rstrip("0") if t.microsecond else text) + "Z"
+    if type(t) is datetime:
+        text = _stored_form(t)
+    else:  # a subclass may write its own isoformat (nanoseconds, say): use it
+        text = t.replace(tzinfo=None).isoformat()
+        text = (text.rstrip("0") if t.microsecond else text) + "Z"
+    if utc:
+        if len(_FORMATTED) >= _FORMATTED_MAX:
+            _FORMATTED.clear()
+        _FORMATTED[t] = text
+    return text
 
 
 def format_time_nano(t: datetime | None) -> str:

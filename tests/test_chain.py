@@ -174,3 +174,26 @@ def test_the_stored_hash_read_is_cut_to_128_characters(path):
         assert store.event_hash(2) == "f" * 128
         broken = store.verify_events().broken
         assert broken is not None and broken.found == "f" * 128
+
+
+@pytest.mark.parametrize(
+    ("run_id", "step_id", "payload"),
+    [
+        ("r", "", b"{}"),
+        ("rün", "stép", '{"a":"é"}'),                      # non-ASCII: byte lengths
+        ("r" * 1500, "s", b"{}"),                          # a field past the length table
+        ("r", "s", b'{"a":"' + b"x" * 5000 + b'"}'),       # a long payload
+    ],
+)
+def test_event_hash_is_sha256_of_seven_netstrings_of_the_stored_bytes(run_id, step_id, payload):
+    import hashlib
+
+    def ns(b: bytes) -> bytes:
+        return b"%d:%b," % (len(b), b)
+
+    data = payload.encode() if isinstance(payload, str) else payload
+    want = hashlib.sha256(b"".join(ns(f) for f in (
+        b"a" * 64, b"12345", run_id.encode(), step_id.encode(), b"2026-10-01T09:00:00Z",
+        b"step.started", data))).hexdigest()
+    assert chain_hash("a" * 64, 12345, run_id, step_id, "2026-10-01T09:00:00Z",
+                      "step.started", payload) == want

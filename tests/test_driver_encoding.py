@@ -41,3 +41,10 @@ def test_the_stored_form_is_what_a_reload_decodes(text, other, raw, flag):
     assert stored_policy(p) == PolicyDecision.from_json(dumps(p.to_json()))
     o = Observation(text, raw.data, other, text)
     assert stored_observation(o) == Observation.from_json(dumps(o.to_json()))
+
+
+def test_go_escapes_in_strings_and_raw_json_side_by_side():
+    value = {"s": "<a&b>\u2028\u2029\u2014", "r": Raw(b' {"x": "<\xe2\x80\xa9>"} '),
+             "l": ["&", Raw(b'"\xe2\x80\x94"')]}
+    assert encode(value) == dumps(value)
+    assert b"<" not in encode(value) and b"\xe2\x80\xa8" not in encode(value)

@@ -136,3 +136,80 @@ def test_go_encoding_keeps_refusing_what_go_would_not_write():
     assert dumps({"raw": Raw(b' { "a" : "<" } ')}) == b'{"raw":{"a":"\\u003c"}}'
     assert dumps("\ud800") == b'"\\ufffd"'  # a lone surrogate, as Go writes it
     assert dumps(2**70) == b"1180591620717411303424"
+
+
+# -- the fast paths give the strict decoder's answers -------------------------
+
+def _number() -> st.SearchStrategy[str]:
+    return st.sampled_from([
+        "0", "-0", "7", "-12", "1.0", "1.50", "-0.0", "1e5", "1E+2", "2e-3", "1e400",
+        "1e-99999", "1e00000000002", "1e10000", "1e10001", "18446744073709551615",
+        "18446744073709551616", "-9223372036854775809", "123456789012345678901234567890",
+    ])
+
+
+def _string() -> st.SearchStrategy[str]:
+    plain = st.text(max_size=8).map(lambda s: json.dumps(s, ensure_ascii=False))
+    tricky = st.sampled_from([
+        '"a:b"', '"\\u003a"', '"2026-01-05T10:00:00Z"', '"-0"', '"\\ud800"',
+        '"\\ud83d\\ude00"', '"<&>"', '"\u2028"', '"\\\\u"', '"tab\\t"', '"\\/"', '"1e99999"',
+    ])
+    return plain | tricky
+
+
+def _text(depth: int = 0) -> st.SearchStrategy[str]:
+    ws = st.sampled_from(["", "", " ", "\n", "\t "])
+    leaf = st.sampled_from(["null", "true", "false"]) | _number() | _string()
+    if depth >= 3:
+        return leaf
+    inner = _text(depth + 1)
+    array = st.lists(inner, max_size=3).map(lambda xs: "[" + ",".join(xs) + "]")
+    members = st.lists(st.tuples(_string(), inner), max_size=3)
+    obj = st.tuples(members, st.booleans(), ws).map(
+        lambda t: "{" + ",".join(f"{k}{t[2]}:{t[2]}{v}"
+                                 for k, v in (t[0] + t[0][:1] if t[1] else t[0])) + "}")
+    return st.tuples(ws, leaf | array | obj, ws).map("".join)
+
+
+def _outcome(fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except (ValueError, RecursionError) as exc:
+        return type(exc)
+
+
+json_texts = _text().map(lambda s: s.encode("utf-8", "surrogatepass"))
+noisy = st.one_of(json_texts, st.binary(max_size=24),
+                  st.tuples(json_texts, st.binary(max_size=2)).map(b"".join))
+
+
+@settings(max_examples=600, deadline=None)
+@given(noisy)
+def test_check_json_fast_path_gives_the_strict_answer(data):
+    from agentrt.canonical import MAX_JSON_DEPTH, _depth_exceeds, _strict_check
+
+    if not _depth_exceeds(data, MAX_JSON_DEPTH):
+        assert check_json(data) == _strict_check(data)
+
+
+@settings(max_examples=600, deadline=None)
+@given(noisy, st.booleans())
+def test_canonical_fast_path_gives_the_strict_form(data, html):
+    from agentrt.canonical import _canonical, _strict_canonical
+
+    assert _outcome(_canonical, data, html) == _outcome(_strict_canonical, data, html)
+
+
+def test_check_json_fast_path_leaves_every_refusal_to_the_strict_check():
+    for data, problem in [
+        (b'{"a":1,"a":2}', 'duplicate key "a"'),
+        (b'{"a":"x:y","a":1}', 'duplicate key "a"'),
+        (b'{"\\u003a":1,"\\u003a":2}', 'duplicate key ":"'),
+        (b'{"t":"12:30","t":1}', 'duplicate key "t"'),
+        (b"1e99999", "number 1e99999 has an exponent beyond ±10000"),
+        (b"[1e-10001]", "number 1e-10001 has an exponent beyond ±10000"),
+        (b'"\\ud800"', "unpaired surrogate \\ud800"),
+        (b'"\xed\xa0\x80"', "not valid UTF-8"),
+    ]:
+        assert check_json(data) == problem
+    assert check_json(b'{"url":"https://x","t":"12:30:00"}') is None

@@ -6,6 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import apsw
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from store_helpers import T0, insert_run
 
 from agentrt import Event, chain_hash, open_store
@@ -119,6 +121,64 @@ def test_seq_is_never_reused_after_the_newest_events_are_deleted(store):
     assert [e.seq for e in store.list_events("r")] == [1, 2, 6]
 
 
+def _chain_is_intact(store) -> bool:
+    report = store.verify_events()
+    return report.intact and report.to_seq == store.chain_head()[0]
+
+
+@pytest.mark.parametrize("between", [
+    "other connection appends", "own connection deletes the tail", "plain tx deletes",
+    "own-writes tx rolls back", "nothing",
+])
+def test_own_writes_transactions_reuse_the_head_only_while_no_commit_intervened(
+        tmp_path, between):
+    path = str(tmp_path / "h.db")
+    with open_store(path) as store:
+        with store.tx(own_writes=True) as tx:
+            insert_run(tx, "r")
+            for i in range(3):
+                tx.append("r", "", T0, "run.started", {"i": i})
+        if between == "other connection appends":
+            with open_store(path) as other, other.tx() as tx:
+                tx.append("r", "", T0, "run.resumed", {"by": "other"})
+        elif between == "own connection deletes the tail":
+            store.db().execute("DELETE FROM events WHERE seq = 3")
+        elif between == "plain tx deletes":
+            with store.tx() as tx:
+                tx.execute("DELETE FROM events WHERE seq = 3")
+        elif between == "own-writes tx rolls back":
+            with pytest.raises(Boom), store.tx(own_writes=True) as tx:
+                tx.append("r", "", T0, "run.resumed", {"rolled": "back"})
+                raise Boom
+        with store.tx(own_writes=True) as tx:
+            event = tx.append("r", "", T0, "run.resumed", {})
+        expected = {"other connection appends": 5}.get(between, 4)
+        assert event.seq == expected  # never a reused seq
+        # Deleting the newest events cuts the log's end, which the chain cannot
+        # show; the new event still chains to the newest stored one.
+        if between not in ("own connection deletes the tail", "plain tx deletes"):
+            assert _chain_is_intact(store)
+        else:
+            prev = store.db().execute("SELECT hash FROM events WHERE seq = 2").fetchone()[0]
+            assert store.event_hash(4) == chain_hash(prev, 4, "r", "", "2026-10-01T09:00:00Z",
+                                                     "run.resumed", b"{}")
+
+
+def test_a_transactions_reads_and_appends_leave_no_statement_holding_a_table(store):
+    store.db().execute("CREATE TABLE mine (x)")
+    store.db().execute("INSERT INTO mine VALUES (1), (2)")
+    with store.tx() as tx:
+        insert_run(tx, "r")
+        assert tx.one("SELECT x FROM mine ORDER BY x") == (1,)  # a second row unread
+        tx.append("r", "", T0, "run.started", {})
+        tx.execute("DROP TABLE mine")  # a consumer's own schema change, same transaction
+    with store.tx(own_writes=True) as tx:
+        tx.run("CREATE TABLE mine2 (x)")
+        tx.append("r", "", T0, "run.resumed", {})
+        tx.run("DROP TABLE mine2")
+    assert [e.seq for e in store.list_events("r")] == [1, 2]
+
+
 def test_event_fields_are_stored_as_given(store):
     with store.tx() as tx:
         insert_run(tx, "r")
@@ -183,3 +243,23 @@ def test_store_lock_serialises_threads(store):
         t.join()
     assert [e.seq for e in store.list_events("r")] == list(range(1, 81))
     assert store.verify_events().intact
+
+
+def _isoformat_stored(t: datetime) -> str:
+    """The stored time as first written: isoformat of the UTC fields, trimmed."""
+    if t.tzinfo is not None:
+        t = t.astimezone(UTC)
+    text = t.replace(tzinfo=None).isoformat()
+    return (text.rstrip("0") if t.microsecond else text) + "Z"
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.datetimes(min_value=datetime(2, 1, 1), max_value=datetime(9998, 12, 31),
+                    timezones=st.none() | st.just(UTC) | st.timezones()))
+def test_stored_time_is_the_utc_isoformat_with_its_fraction_trimmed(t):
+    from agentrt.timefmt import format_time, parse_time
+
+    assert format_time(t) == _isoformat_stored(t)
+    assert format_time(t) == format_time(t)  # remembered readings give the same text
+    if t.tzinfo is UTC:
+        assert parse_time(format_time(t)) == t

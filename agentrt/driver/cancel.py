@@ -9,7 +9,6 @@ up on it; the token is how it is asked to stop.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 
@@ -99,8 +98,10 @@ class CancelToken:
 
     def release(self, child: CancelToken) -> None:
         """Forget a finished child so a long-lived parent does not collect them."""
-        with self._lock, contextlib.suppress(ValueError):
-            self._children.remove(child)
+        with self._lock:  # (contextlib.suppress cost more than the rest of a release)
+            children = self._children
+            if child in children:  # not when this token was cancelled first
+                children.remove(child)
 
     def __repr__(self) -> str:
         state = self.reason or "live"

@@ -5,25 +5,23 @@ dozen small values, and the pure-Python encoder alone would cost more than
 the step's commits. For the values the loop writes, orjson writes the same
 bytes as Go's encoder except for ``<``, ``>``, ``&`` and U+2028/U+2029 in
 strings (Go escapes them), lone surrogates, and integers past 64 bits; raw
-JSON is embedded as an already-compacted, already-escaped fragment. So the
-output is checked for those characters and, when any appears or orjson
-refuses the value, the reference encoder is used instead.
+JSON is embedded as an already-compacted, already-escaped fragment. So those
+characters are escaped in orjson's output (they can only come from its
+strings) and, when orjson refuses the value, the reference encoder is used
+instead.
 ``tests/test_driver_encoding.py`` holds the two to the same bytes.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import orjson
 
 from agentrt.errors import EncodeError
-from agentrt.gojson import Raw, compact, dumps, is_valid
+from agentrt.gojson import Raw, add_go_escapes, compact, dumps, is_valid
 
 __all__ = ["encode"]
-
-_ESCAPED_BY_GO = re.compile(rb"[<>&]|\xe2\x80[\xa8\xa9]")
 
 
 def _fragment(value: Any) -> Any:
@@ -46,10 +44,12 @@ def encode(value: Any) -> bytes:
     """
     try:
         out = orjson.dumps(value, default=_fragment)
-        if _ESCAPED_BY_GO.search(out) is None:
-            return out
     except (orjson.JSONEncodeError, TypeError, ValueError):
         pass
+    else:
+        # Raw fragments are already escaped, so any byte Go escapes and orjson
+        # does not comes from a string orjson wrote: add_go_escapes is exact.
+        return add_go_escapes(out, html=True)
     try:
         return dumps(value)
     except (ValueError, TypeError) as exc:

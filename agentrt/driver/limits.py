@@ -75,6 +75,9 @@ def _failed(reason: Reason, detail: str, limit: bool = True) -> Ending:
     return Ending(RunStatus.FAILED.value, reason.value, detail, limit=limit)
 
 
+_UNLIMITED = timedelta(0)
+
+
 def check_before_step(
     run: Run, steps: list[Step], now: Callable[[], datetime], args_hashes: dict[str, str]
 ) -> tuple[Ending, list[PreEvent]] | None:
@@ -86,13 +89,13 @@ def check_before_step(
     if streak >= limits.max_consecutive_tool_failures:
         return _failed(Reason.REPEATED_TOOL_FAILURES, f"{streak} consecutive failed steps"), []
     max_active = limits.max_active_time
-    if max_active > timedelta(0) and timedelta(milliseconds=run.active_ms) >= max_active:
+    if max_active > _UNLIMITED and timedelta(milliseconds=run.active_ms) >= max_active:
         return _failed(
             Reason.LIMIT_ACTIVE_TIME,
             f"active time {format_duration(run.active_ms * 1_000_000)} reached limit "
             f"{format_duration(duration_ns(max_active))}"), []
     max_elapsed = limits.max_elapsed_time
-    if max_elapsed > timedelta(0):
+    if max_elapsed > _UNLIMITED:
         at = now()
         if run.created_at is not None and at - run.created_at >= max_elapsed:
             return _failed(

@@ -59,6 +59,10 @@ __all__ = ["apply", "evaluate", "run_loop"]
 
 DECIDING = (StepStatus.DECIDING.value,)
 EXECUTING = (StepStatus.EXECUTING.value,)
+# Enum values read once: ``Member.value`` is a Python-level property, and the
+# loop would read several per step.
+_DONE = StepStatus.DONE.value
+_FAILED = StepStatus.FAILED.value
 _ORIGINS = frozenset(("", "model", "plan", "operator"))
 SpecEntry = tuple[str, bytes]
 Current = tuple[ToolSpec, str, bytes, Any]
@@ -105,7 +109,7 @@ def _start_step(s: Session, run: Run) -> Step:
     core = s.core
     now = core.now()
     index = run.step_count
-    step = Step(core.new_id(), s.run_id, index, StepStatus.DECIDING.value, started_at=now)
+    step = Step(core.new_id(), s.run_id, index, DECIDING[0], started_at=now)
     with s.tx() as tx:
         start_step(tx, s.run_id, index, core.owner)
         stored = s.write_step(tx, step, None)
@@ -133,7 +137,7 @@ def _decide(s: Session, run: Run, step: Step) -> Run | None:
         run=copy_run(run),
         steps=s.step_snapshot(step.index),
         approvals=s.approval_snapshot(),
-        tools=[copy.copy(c[0]) for c in current.values() if not isinstance(c, ValueError)],
+        tools=[_copy_spec(c[0]) for c in current.values() if not isinstance(c, ValueError)],
         model=model,
         cancel=s.cancel,
     )
@@ -145,6 +149,15 @@ def _decide(s: Session, run: Run, step: Step) -> Run | None:
         err = TypeError(f"the agent returned {type(decision).__name__}, not a Decision")
         return _agent_failed(s, step, err)
     return _propose(s, run, step, decision, current)
+
+
+def _copy_spec(spec: ToolSpec) -> ToolSpec:
+    """A copy of a tool's spec for the agent: ``copy.copy``, without its generic
+    machinery for the usual exact ToolSpec."""
+    if type(spec) is not ToolSpec:
+        return copy.copy(spec)
+    return ToolSpec(spec.name, spec.description, spec.input_schema, spec.side_effect,
+                    spec.timeout, spec.terminal)
 
 
 def _agent_failed(s: Session, step: Step, exc: Exception) -> Run | None:
@@ -195,9 +208,9 @@ def _normalise(decision: Decision) -> tuple[Decision, Decision, str | None]:
     recorded = Decision(d.kind, d.tool, args, d.reason, result, d.message, d.origin)
     args_problem = check_json(args) if args is not None else None
     result_problem = check_json(result) if result is not None else None
-    bad = [b for b, p in ((args, args_problem), (result, result_problem))
-           if b is not None and p is not None]
-    if bad:
+    if args_problem is not None or result_problem is not None:
+        bad = [b for b, p in ((args, args_problem), (result, result_problem))
+               if b is not None and p is not None]
         as_b64 = False
         for b in bad:
             try:
@@ -273,11 +286,12 @@ def _propose(s: Session, run: Run, step: Step, decision: Decision,
         s.end_step(StepEnd(evolve(stored, status=StepStatus.FAILED.value, observation=obs),
                            DECIDING, detail=obs.summary))
         return None
-    done = StepEnd(evolve(stored, status=StepStatus.DONE.value), DECIDING)
     if original.kind == DecisionKind.COMPLETE:
+        done = StepEnd(evolve(stored, status=_DONE), DECIDING)
         return s.settle(RUNNING, Ending(RunStatus.COMPLETED.value, Reason.GOAL_COMPLETED.value,
                                         result=original.result or b""), end=done)
     if original.kind == DecisionKind.FAIL:
+        done = StepEnd(evolve(stored, status=_DONE), DECIDING)
         return s.settle(RUNNING, Ending(RunStatus.FAILED.value, Reason.GOAL_FAILED.value,
                                         original.message), end=done)
     assert spec is not None
@@ -440,7 +454,7 @@ def execute(s: Session, step: Step, expected: tuple[str, ...], request: ToolRequ
     core = s.core
     wall_at = core.wall()
     start_at = core.now() if grant is not None else policy_at
-    executing = evolve(step, status=StepStatus.EXECUTING.value, started_at=start_at
+    executing = evolve(step, status=EXECUTING[0], started_at=start_at
                         if grant is not None else step.started_at)
     started: dict[str, Any] = (
         {"args": Raw(request.args), "tool": request.spec.name} if grant is None
@@ -468,7 +482,7 @@ def _record_tool(s: Session, step: Step, spec: ToolSpec, outcome: ToolOutcome) -
     obs = outcome.observation
     failed = obs.failure
     end = StepEnd(
-        evolve(step, status=StepStatus.FAILED.value if failed else StepStatus.DONE.value,
+        evolve(step, status=_FAILED if failed else _DONE,
                 observation=obs),
         EXECUTING, detail=obs.summary if failed else "", tool=spec.name,
         duration_ms=outcome.duration_ms)

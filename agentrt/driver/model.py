@@ -359,7 +359,7 @@ class ModelCaller:
         call_id = self._new_id()
         dispatched_at = self._now()
         try:
-            with self._store.tx(self._observer) as tx:
+            with self._store.tx(self._observer, own_writes=True) as tx:
                 check_run(tx, self._run_id, (RunStatus.RUNNING.value,), owner=self._owner,
                           live_at=self._wall())
                 insert_model_call(tx, call_id, self._run_id, self._step_id, attempt,
@@ -460,7 +460,7 @@ class ModelCaller:
             "status": result.status,
             "usage": u.to_json(),
         })
-        with self._store.tx(self._observer) as tx:
+        with self._store.tx(self._observer, own_writes=True) as tx:
             finish_model_call(tx, call_id, result.status, u.input_tokens, u.output_tokens,
                               u.cached_input_tokens, result.cost, latency, result.error,
                               completed_at)

@@ -114,10 +114,13 @@ _RUN_STATE = (
 )
 
 
+_MS = timedelta(milliseconds=1)
+
+
 def _ms(later: datetime | None, earlier: datetime | None) -> int:
     if later is None or earlier is None:
         return 0
-    return max(int((later - earlier) / timedelta(milliseconds=1)), 0)
+    return max(int((later - earlier) / _MS), 0)
 
 
 @dataclass(slots=True)
@@ -225,10 +228,10 @@ class Session:
         happened), a cancelled caller writes nothing."""
         if not detached and self.cancel.cancelled:
             raise CancelledError(self.cancel.reason)
-        return self.core.store.tx(self.core.observer)
+        return self.core.store.tx(self.core.observer, own_writes=True)
 
     def owner_terms(self, statuses: Sequence[str]) -> str | None:
-        return self.core.owner if RunStatus.RUNNING.value in statuses else None
+        return self.core.owner if RUNNING[0] in statuses else None
 
     def put_spec(self, tx: Tx, spec_hash: str, text: bytes) -> None:
         if spec_hash and spec_hash not in self.specs_written:
@@ -309,7 +312,7 @@ class Session:
     def append(self, tx: Tx, step_id: str, at: datetime, type: EventType,
                payload: bytes | dict[str, Any] | None = None) -> None:
         data = encode(payload) if isinstance(payload, dict) else payload
-        tx.append(self.run_id, step_id, at, type.value, data)
+        tx.append(self.run_id, step_id, at, type, data)  # stored as str(type): its value
 
     def end_in_tx(self, tx: Tx, end: StepEnd, at: datetime, *, running: bool = False) -> Step:
         """The step-end rows and events: the run's active time, the step, then

@@ -24,6 +24,7 @@ from agentrt.timefmt import format_duration
 __all__ = ["ToolOutcome", "run_tool"]
 
 _ERROR = ObservationKind.TOOL_ERROR.value
+_RESULT = ObservationKind.TOOL_RESULT.value
 
 
 @dataclass(slots=True)
@@ -63,7 +64,7 @@ def _content(name: str, value: object) -> tuple[Observation, bytes]:
         except UnicodeDecodeError:
             fields["content_base64"] = base64.b64encode(data).decode("ascii")
         return observation(_ERROR, fields, f"{name} returned {error}"), b""
-    obs = Observation(ObservationKind.TOOL_RESULT.value, data, summary, content_hash(data))
+    obs = Observation(_RESULT, data, summary, content_hash(data))
     return obs, data
 
 

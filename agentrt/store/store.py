@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from typing import Any
 
@@ -47,7 +47,7 @@ from agentrt.store.rows import (
     run_from_row,
     step_from_row,
 )
-from agentrt.store.tx import TxScope
+from agentrt.store.tx import ChainHead, Tx
 from agentrt.timefmt import parse_time
 
 __all__ = ["ReadOnlyStoreError", "Store", "open_existing", "open_store"]
@@ -66,6 +66,27 @@ class ReadOnlyStoreError(AgentrtError):
     """A write was asked of a store opened read-only."""
 
     base = "agentrt: store is read-only"
+
+
+class _Locked:
+    """``with store.locked() as conn``: the lock held, the connection handed out.
+
+    A class rather than a ``@contextmanager`` generator, which cost several
+    times the lock itself on the loop's once-a-step read of the run.
+    """
+
+    __slots__ = ("_conn", "_lock")
+
+    def __init__(self, conn: apsw.Connection, lock: threading.RLock) -> None:
+        self._conn = conn
+        self._lock = lock
+
+    def __enter__(self) -> apsw.Connection:
+        self._lock.acquire()
+        return self._conn
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
 
 
 class Store:
@@ -91,6 +112,8 @@ class Store:
         self.path = path
         self.read_only = read_only
         self._closed = False
+        self._head = ChainHead()
+        self._tx_cursor = conn.cursor()  # for Tx's own statements, under the lock
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -118,11 +141,9 @@ class Store:
         """
         return self._conn
 
-    @contextmanager
-    def locked(self) -> Iterator[apsw.Connection]:
+    def locked(self) -> AbstractContextManager[apsw.Connection]:
         """The connection under the store's lock, for a sequence of reads."""
-        with self._lock:
-            yield self._conn
+        return _Locked(self._conn, self._lock)
 
     @contextmanager
     def lease_connection(self) -> Iterator[apsw.Connection]:
@@ -133,7 +154,7 @@ class Store:
 
     # -- writes ------------------------------------------------------------
 
-    def tx(self, observer: Observer | None = None) -> TxScope:
+    def tx(self, observer: Observer | None = None, *, own_writes: bool = False) -> Tx:
         """One write transaction: ``with store.tx(observer) as tx: ...``.
 
         BEGIN IMMEDIATE (the write lock is taken up front, so a read-then-write
@@ -141,12 +162,17 @@ class Store:
         the mutation and its ``tx.append``-ed events, COMMIT, and only then the
         events to the observer, in append order. Any exception inside rolls
         the transaction back and propagates; the connection stays usable.
+
+        ``own_writes`` is the runtime's promise that its statements change
+        the events table only through ``tx.append``; such transactions reuse
+        the chain head the last one left when no commit happened since.
         """
         if self.read_only:
             raise ReadOnlyStoreError(
                 f"{self.path} was opened read-only; open it with "
                 "open_existing(path, read_only=False) to write")
-        return TxScope(self._conn, self._lock, observer)
+        return Tx(self._conn, self._lock, observer, self._head if own_writes else None,
+                  self._tx_cursor)
 
     # -- full reads --------------------------------------------------------
 

@@ -11,7 +11,7 @@ not commit.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -23,7 +23,7 @@ from agentrt.events import Event, Observer
 from agentrt.gojson import dumps
 from agentrt.timefmt import format_time
 
-__all__ = ["Tx", "TxScope", "encode_payload"]
+__all__ = ["ChainHead", "Tx", "TxScope", "encode_payload"]
 
 # The head: the larger of the highest seq stored and the highest AUTOINCREMENT
 # ever handed out (which survives deleting the newest events), and the hash of
@@ -40,9 +40,36 @@ _INSERT_EVENT_SQL = (
 )
 
 
+_NO_LOCK = nullcontext()
+
+
+class ChainHead:
+    """The chain's head (seq, hash) as the store's last own-writes transaction left
+    it, and the connection's data version just after that commit.
+
+    SQLite's data version (``SQLITE_FCNTL_DATA_VERSION``) changes with every
+    commit to the file, by this connection or any other, once a transaction
+    sees it. So inside a later transaction, an unchanged version proves no
+    commit happened in between: the head is still this one, and reading it
+    again (three subqueries, the costliest statement of a small transaction)
+    can be skipped. Only transactions opened with ``own_writes`` use and
+    update it: their statements are the runtime's, which change the events
+    table through ``append`` alone; any other transaction reads the head.
+    """
+
+    __slots__ = ("hash", "seq", "version")
+
+    def __init__(self) -> None:
+        self.version = -1  # never a data version
+        self.seq = 0
+        self.hash = ""
+
+
 def encode_payload(payload: bytes | dict[str, Any] | None) -> bytes:
     """A payload's stored bytes: dicts are encoded in their insertion order, as
     Go encodes a struct; empty is ``{}``."""
+    if isinstance(payload, bytes):  # the common case first: the caller encoded it
+        return payload if payload.strip() else b"{}"
     if payload is None:
         return b"{}"
     if isinstance(payload, dict):
@@ -51,32 +78,100 @@ def encode_payload(payload: bytes | dict[str, Any] | None) -> bytes:
 
 
 class Tx:
-    """The open write transaction handed to a mutation.
+    """One write transaction: ``with store.tx(observer) as tx``.
 
-    ``execute`` runs a statement on the store's connection; ``append`` adds an
-    event with the next seq (head + 1, read once inside this transaction) and
-    its chain hash. Events reach the observer after COMMIT, in append order.
+    Enter takes the store's lock and begins IMMEDIATE; a clean exit commits and
+    then hands the events to the observer; an exception (any BaseException)
+    rolls back and propagates, so the connection is never left inside an open
+    transaction and the observer never sees an event whose state did not
+    commit. Inside, ``execute`` runs a statement on the store's connection and
+    ``append`` adds an event with the next seq (head + 1, read once inside this
+    transaction) and its chain hash.
+
+    The context manager and the handle are one object (``TxScope`` is the same
+    class under its former name): every write of every step goes through it,
+    and a second object per transaction was measurable.
     """
 
-    __slots__ = ("_conn", "_head_hash", "_head_seq", "events")
+    __slots__ = ("_conn", "_cur", "_known_head", "_head_hash", "_head_seq", "_lock",
+                 "_observer", "events")
 
-    def __init__(self, conn: apsw.Connection) -> None:
+    def __init__(self, conn: apsw.Connection,
+                 lock: AbstractContextManager[Any] | None = None,
+                 observer: Observer | None = None, known_head: ChainHead | None = None,
+                 cursor: apsw.Cursor | None = None) -> None:
         self._conn = conn
+        # The transaction's own statements (BEGIN, COMMIT, the head, the events,
+        # ``run``) share one cursor: a cursor per statement, as ``conn.execute``
+        # makes, cost a third of a small statement. Each runs to its end (the
+        # head's aggregate is reset by the insert after it). The store hands
+        # over its cursor, used only under its lock.
+        self._cur = cursor if cursor is not None else conn.cursor()
+        self._lock = lock if lock is not None else _NO_LOCK
+        self._observer = observer
+        #: Set for the runtime's own transactions (see :class:`ChainHead`).
+        self._known_head = known_head
         self._head_seq: int | None = None
         self._head_hash = ""
         self.events: list[Event] = []
+
+    def __enter__(self) -> Tx:
+        lock = self._lock
+        lock.__enter__()
+        try:
+            self._cur.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            lock.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        conn = self._conn
+        cur = self._cur
+        try:
+            if exc_type is None:
+                try:
+                    cur.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        cur.execute("ROLLBACK")
+                    raise
+                known = self._known_head
+                if known is not None and self._head_seq is not None:
+                    known.version = conn.data_version()
+                    known.seq = self._head_seq
+                    known.hash = self._head_hash
+            elif conn.in_transaction:
+                cur.execute("ROLLBACK")
+        finally:
+            self._lock.__exit__(None, None, None)
+        observer = self._observer
+        if exc_type is None and observer is not None:
+            for event in self.events:
+                observer(event)
 
     @property
     def conn(self) -> apsw.Connection:
         return self._conn
 
     def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> apsw.Cursor:
-        """Run one statement (or several) in this transaction."""
+        """Run one statement (or several) in this transaction; its own cursor, so
+        its rows can be read while other statements run."""
         return self._conn.execute(sql, params)
+
+    def run(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> None:
+        """Run one statement that returns no rows (an INSERT or UPDATE without
+        RETURNING): cheaper than :meth:`execute`, as it reuses one cursor."""
+        self._cur.execute(sql, params)
 
     def one(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()
             ) -> tuple[Any, ...] | None:
-        """The first row of a query, or None."""
+        """The first row of a query, or None.
+
+        On a cursor of its own, dropped at once: a query left part-read would
+        hold its table (a DROP in the same transaction would find it locked).
+        """
         row = self._conn.execute(sql, params).fetchone()
         return tuple(row) if row is not None else None
 
@@ -101,70 +196,30 @@ class Tx:
         IMMEDIATE, so writers in other processes extend the same chain.
         """
         conn = self._conn
-        if self._head_seq is None:
-            row = conn.execute(_HEAD_SQL).fetchone()
-            assert row is not None  # an aggregate always yields a row
-            self._head_seq = int(row[0])
-            self._head_hash = str(row[1] or "")
+        seq = self._head_seq
+        if seq is None:
+            known = self._known_head
+            if known is not None and known.version == conn.data_version():
+                seq, self._head_hash = known.seq, known.hash  # no commit since it was left
+            else:
+                row = self._cur.execute(_HEAD_SQL).fetchone()
+                assert row is not None  # an aggregate always yields a row
+                seq = int(row[0])
+                self._head_hash = str(row[1] or "")
+        seq += 1
         data = encode_payload(payload)
-        seq = self._head_seq + 1
         run_id, step_id, type = str(run_id), str(step_id), str(type)
         at_text = format_time(at)
         digest = chain_hash(self._head_hash, seq, run_id, step_id, at_text, type, data)
-        conn.execute(_INSERT_EVENT_SQL,
-                     (seq, run_id, step_id, at_text, type, data.decode("utf-8"), digest))
+        self._cur.execute(_INSERT_EVENT_SQL,
+                          (seq, run_id, step_id, at_text, type, data.decode("utf-8"), digest))
         self._head_seq = seq
         self._head_hash = digest
-        event = Event(seq, run_id, step_id, at_text, type, data)
+        # Event's own constructor would format ``at`` again; the fields are final.
+        event: Event = tuple.__new__(Event, (seq, run_id, step_id, at_text, type, data))
         self.events.append(event)
         return event
 
 
-class TxScope:
-    """``with store.tx(observer) as tx``: the transaction around one transition.
-
-    Enter takes the store's lock and begins IMMEDIATE; a clean exit commits and
-    then hands the events to the observer; an exception (any BaseException)
-    rolls back and propagates, so the connection is never left inside an open
-    transaction and the observer never sees an event whose state did not
-    commit. A class rather than a generator: every write goes through it.
-    """
-
-    __slots__ = ("_conn", "_lock", "_observer", "_tx")
-
-    def __init__(self, conn: apsw.Connection, lock: AbstractContextManager[Any],
-                 observer: Observer | None) -> None:
-        self._conn = conn
-        self._lock = lock
-        self._observer = observer
-        self._tx: Tx | None = None
-
-    def __enter__(self) -> Tx:
-        self._lock.__enter__()
-        try:
-            self._conn.execute("BEGIN IMMEDIATE")
-        except BaseException:
-            self._lock.__exit__(None, None, None)
-            raise
-        self._tx = Tx(self._conn)
-        return self._tx
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        conn = self._conn
-        try:
-            if exc_type is None:
-                try:
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
-            elif conn.in_transaction:
-                conn.execute("ROLLBACK")
-        finally:
-            self._lock.__exit__(None, None, None)
-        if exc_type is None and self._observer is not None and self._tx is not None:
-            observer = self._observer
-            for event in self._tx.events:
-                observer(event)
+#: The former name of the transaction's context manager, now :class:`Tx` itself.
+TxScope = Tx

@@ -1,7 +1,8 @@
 """Every state-changing statement the driver and the operator paths run.
 
 Each function runs inside a :class:`~agentrt.store.tx.Tx` the caller opened,
-so the rows it changes commit with the events the caller appends. Status
+so the rows it changes commit with the events the caller appends (through
+``Tx.run``, as no statement here returns rows). Status
 changes are compare-and-set: an UPDATE names the state it expects, and when
 no row matched, the run is read again to say why (another status, another
 lease owner, an expired lease). That is what makes two resumes of one
@@ -66,7 +67,9 @@ def _either(values: Sequence[str]) -> str:
     return " or ".join(values)
 
 
+@functools.cache
 def _marks(n: int) -> str:
+    """``?, ?, ?`` for n parameters (remembered: statements are rebuilt on every write)."""
     return ", ".join("?" * n)
 
 
@@ -147,7 +150,7 @@ def check_run(
 
 def insert_run(tx: Tx, run: Run, limits_json: bytes, owner: str, expires: datetime) -> None:
     """A new RUNNING run held by ``owner``; a duplicate id raises apsw.ConstraintError."""
-    tx.execute(
+    tx.run(
         "INSERT INTO runs (id, goal, status, reason, reason_detail, limits_json, step_count, "
         "created_at, started_at, finished_at, result_json, lease_owner, lease_expires_at) "
         "VALUES (?, ?, ?, '', '', ?, 0, ?, ?, '', '', ?, ?)",
@@ -200,7 +203,7 @@ def transition(
     if owner is not None:
         lease_clause = " AND (status != 'RUNNING' OR lease_owner = ?)"
         params.append(owner)
-    tx.execute(
+    tx.run(
         "UPDATE runs SET status = ?, reason = ?, reason_detail = ?, finished_at = ?, "
         "result_json = ?, lease_owner = ?, lease_expires_at = ? "
         f"WHERE id = ? AND status IN ({_marks(len(from_statuses))}){lease_clause}",
@@ -213,7 +216,7 @@ def transition(
 
 def start_step(tx: Tx, run_id: str, index: int, owner: str) -> None:
     """Count a new step, only if the run is still RUNNING, held by ``owner``, at ``index``."""
-    tx.execute(
+    tx.run(
         "UPDATE runs SET step_count = step_count + 1 WHERE id = ? AND status = 'RUNNING' "
         "AND step_count = ? AND lease_owner = ?",
         (run_id, index, owner),
@@ -232,13 +235,13 @@ def add_active_ms(tx: Tx, run_id: str, ms: int, *, running_for: str | None = Non
     ms = max(ms, 0)
     if running_for is None:
         if ms:
-            tx.execute(
+            tx.run(
                 "UPDATE runs SET active_ms = CASE WHEN active_ms > ? - ? THEN ? "
                 "ELSE active_ms + ? END WHERE id = ?",
                 (MAX_INT64, ms, MAX_INT64, ms, run_id),
             )
         return
-    tx.execute(
+    tx.run(
         "UPDATE runs SET active_ms = CASE WHEN active_ms > ? - ? THEN ? "
         "ELSE active_ms + ? END WHERE id = ? AND status = 'RUNNING' AND lease_owner = ?",
         (MAX_INT64, ms, MAX_INT64, ms, run_id, running_for),
@@ -267,7 +270,7 @@ def add_model_totals(
     params: list[int] = []
     for v in values:
         params.extend((v, v, v))
-    tx.execute(
+    tx.run(
         "UPDATE runs SET model_calls = CASE WHEN model_calls >= "
         f"{MAX_INT64} THEN model_calls ELSE model_calls + 1 END, "
         + ", ".join(
@@ -303,7 +306,7 @@ def take_lease(
         prev_expires > wall_now
     ):
         raise RunLeasedError(run_id, prev_owner, prev_expires)
-    tx.execute(
+    tx.run(
         "UPDATE runs SET lease_owner = ?, lease_expires_at = ? WHERE id = ?",
         (owner, format_time(expires), run_id),
     )
@@ -333,17 +336,20 @@ def release_lease(conn: apsw.Connection, run_id: str, owner: str) -> None:
 
 def put_tool_spec(tx: Tx, spec_hash: str, canonical: bytes) -> None:
     """Each distinct spec once, under the hash of its canonical text."""
-    tx.execute(
+    tx.run(
         "INSERT OR IGNORE INTO tool_specs (hash, spec_json) VALUES (?, ?)",
         (spec_hash, canonical.decode("utf-8")),
     )
 
 
+@functools.cache
+def _insert_step_sql(n: int) -> str:
+    return f"INSERT INTO steps ({STEP_COLUMNS.names}) VALUES ({_marks(n)})"
+
+
 def insert_step(tx: Tx, row: Sequence[Any]) -> None:
     """A new step from a full row in ``STEP_COLUMNS`` order."""
-    tx.execute(
-        f"INSERT INTO steps ({STEP_COLUMNS.names}) VALUES ({_marks(len(row))})", tuple(row)
-    )
+    tx.run(_insert_step_sql(len(row)), tuple(row))
 
 
 def _step_not_in(tx: Tx, step_id: str, expected: Sequence[str]) -> RunStateError:
@@ -351,6 +357,16 @@ def _step_not_in(tx: Tx, step_id: str, expected: Sequence[str]) -> RunStateError
     if row is None:
         return RunStateError(f"step {step_id} does not exist")
     return RunStateError(f"step {step_id} is {row[0]}, not {_either(expected)}")
+
+
+@functools.cache
+def _update_step_sql(n_expected: int, guarded: bool) -> str:
+    guard = (" AND EXISTS (SELECT 1 FROM runs WHERE id = ? AND status = 'RUNNING' "
+             "AND lease_owner = ?)") if guarded else ""
+    return ("UPDATE steps SET status = ?, decision_json = ?, policy_json = ?, "
+            "observation_json = ?, observation_hash = ?, started_at = ?, finished_at = ?, "
+            "spec_hash = ?, policy_id = ? "
+            f"WHERE id = ? AND status IN ({_marks(n_expected)}){guard}")
 
 
 def update_step(tx: Tx, row: Sequence[Any], expected: Sequence[str], *,
@@ -362,19 +378,11 @@ def update_step(tx: Tx, row: Sequence[Any], expected: Sequence[str], *,
     error says why (as :func:`check_run` does).
     """
     step_id = row[0]
-    guard = ""
-    params: tuple[Any, ...] = (*row[3:], step_id, *expected)
-    if running_for is not None:
-        guard = (" AND EXISTS (SELECT 1 FROM runs WHERE id = ? AND status = 'RUNNING' "
-                 "AND lease_owner = ?)")
-        params = (*params, row[1], running_for)
-    tx.execute(
-        "UPDATE steps SET status = ?, decision_json = ?, policy_json = ?, "
-        "observation_json = ?, observation_hash = ?, started_at = ?, finished_at = ?, "
-        "spec_hash = ?, policy_id = ? "
-        f"WHERE id = ? AND status IN ({_marks(len(expected))}){guard}",
-        params,
-    )
+    if running_for is None:
+        tx.run(_update_step_sql(len(expected), False), (*row[3:], step_id, *expected))
+    else:
+        tx.run(_update_step_sql(len(expected), True),
+                   (*row[3:], step_id, *expected, row[1], running_for))
     if tx.changes() == 0:
         if running_for is not None:
             check_run(tx, str(row[1]), (RUNNING,), owner=running_for)
@@ -391,7 +399,7 @@ def set_step_outcome(
     finished_at: datetime | None,
 ) -> None:
     """Only a step's outcome columns: its decision and policy are left as recorded."""
-    tx.execute(
+    tx.run(
         "UPDATE steps SET status = ?, observation_json = ?, observation_hash = ?, "
         f"finished_at = ? WHERE id = ? AND status IN ({_marks(len(expected))})",
         (status, observation_json.decode("utf-8"), observation_hash, format_time(finished_at),
@@ -410,7 +418,7 @@ def fail_open_steps(
     Only outcome columns are written, so a step row that will not decode is
     ended without being rewritten.
     """
-    tx.execute(
+    tx.run(
         "UPDATE steps SET status = 'failed', observation_json = ?, observation_hash = ?, "
         f"finished_at = ? WHERE run_id = ? AND status IN ({_marks(len(OPEN_STEP_STATUSES))})",
         (observation_json.decode("utf-8"), observation_hash, format_time(finished_at), run_id,
@@ -424,7 +432,7 @@ def fail_open_steps(
 
 def insert_approval(tx: Tx, row: Sequence[Any]) -> None:
     """A new approval from a full row in ``APPROVAL_COLUMNS`` order."""
-    tx.execute(
+    tx.run(
         f"INSERT INTO approvals ({APPROVAL_COLUMNS.names}) VALUES ({_marks(len(row))})", tuple(row)
     )
 
@@ -434,7 +442,7 @@ def decide_approval(
     expected_hash: str,
 ) -> bool:
     """Decide a pending approval, only if it still carries the hash that was checked."""
-    tx.execute(
+    tx.run(
         "UPDATE approvals SET status = ?, decided_at = ?, decided_by = ?, note = ? "
         "WHERE id = ? AND status = 'pending' AND hash = ?",
         (status, format_time(decided_at), by, note, approval_id, expected_hash),
@@ -451,13 +459,13 @@ def expire_approval(
     keeps who decided it and when.
     """
     if from_status == "pending":
-        tx.execute(
+        tx.run(
             "UPDATE approvals SET status = 'expired', decided_at = ?, note = 'expired' "
             "WHERE id = ? AND status = 'pending'",
             (format_time(decided_at), approval_id),
         )
     else:
-        tx.execute(
+        tx.run(
             "UPDATE approvals SET status = 'expired' WHERE id = ? AND status = ?",
             (approval_id, from_status),
         )
@@ -471,7 +479,7 @@ def insert_model_call(
     tx: Tx, call_id: str, run_id: str, step_id: str, attempt: int, model: str,
     dispatched_at: datetime,
 ) -> None:
-    tx.execute(
+    tx.run(
         "INSERT INTO model_calls (id, run_id, step_id, attempt, status, model, dispatched_at) "
         "VALUES (?, ?, ?, ?, 'dispatched', ?, ?)",
         (call_id, run_id, step_id, attempt, model, format_time(dispatched_at)),
@@ -485,7 +493,7 @@ def finish_model_call(
     def clamp(v: int) -> int:
         return max(-MAX_INT64 - 1, min(v, MAX_INT64))
 
-    tx.execute(
+    tx.run(
         "UPDATE model_calls SET status = ?, input_tokens = ?, output_tokens = ?, "
         "cached_input_tokens = ?, cost_micros = ?, latency_ms = ?, error = ?, completed_at = ? "
         "WHERE id = ?",

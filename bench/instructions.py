@@ -1,0 +1,125 @@
+"""Instructions one driver step (and one appended event) executes, counted by valgrind.
+
+Wall-clock ratios on a shared host move by a third from one run to the next;
+the instruction count of a deterministic workload does not, so it shows the
+effect of a change to the Python the step runs. Each figure is the difference
+between two runs of the same workload, N2 and N1 units long, divided by
+N2 - N1, so start-up and imports cancel out. Commits are not synced here
+(synchronous=OFF): the disk is the other benchmarks' business. Valgrind's CPU
+lacks SHA extensions, so sha256 weighs more here than on the real CPU.
+
+    python -m bench.instructions [--what step,append,bare]     # needs valgrind
+
+``step``: a step of the scripted agent with a trivial tool, as in
+``bench_driver``; ``append``: ``with store.tx() as tx: tx.append(...)``, as in
+``bench_store`` (b); ``bare``: the same-schema insert in its own transaction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from datetime import UTC, datetime
+
+import apsw
+
+T0 = datetime(2026, 10, 1, 9, 0, tzinfo=UTC)
+UNITS = {"step": (100, 300), "append": (1000, 3000), "bare": (1000, 3000)}
+
+
+def _steps(directory: str, n: int) -> None:
+    from agentrt.driver import DefaultPolicy, Driver, FuncTool, StepInput, ToolResult
+    from agentrt.records import Decision, Limits
+    from agentrt.store import open_store
+
+    class Agent:
+        def decide(self, step: StepInput) -> Decision:
+            if step.index >= n:
+                return Decision.tool_call("hold", b"{}")
+            return Decision.tool_call("noop", b'{"n":%d}' % step.index)
+
+    def noop(call: object) -> ToolResult:
+        return ToolResult(b'{"ok":true}', "ok")
+
+    tools = [FuncTool("noop", noop, input_schema=b'{"type":"object"}', side_effect="read_only",
+                      timeout=5),
+             FuncTool("hold", noop, side_effect="remote_mutation", timeout=5)]
+    with open_store(os.path.join(directory, "steps.db")) as store:
+        store.db().execute("PRAGMA synchronous=OFF")
+        Driver(store, Agent(), DefaultPolicy(), tools).start(
+            "bench", Limits(max_steps=n + 10, max_consecutive_tool_failures=3,
+                            loop_threshold=n + 10))
+
+
+def _appends(directory: str, n: int) -> None:
+    from agentrt.store import open_store
+
+    with open_store(os.path.join(directory, "append.db")) as store:
+        store.db().execute("PRAGMA synchronous=OFF")
+        with store.tx() as tx:
+            tx.execute("INSERT INTO runs (id, goal, status, limits_json, created_at) "
+                       "VALUES ('r', 'g', 'RUNNING', '{}', '')")
+        for i in range(n):
+            with store.tx() as tx:
+                tx.append("r", "s", T0, "step.started", {"index": i, "tool": "search"})
+
+
+def _bare(directory: str, n: int) -> None:
+    from bench.bench_store import _EVENTS_SHAPE
+
+    conn = apsw.Connection(os.path.join(directory, "bare.db"))
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=OFF")
+    conn.execute(_EVENTS_SHAPE)
+    sql = ("INSERT INTO events (run_id, step_id, at, type, payload_json, hash) "
+           "VALUES (?, ?, ?, ?, ?, ?)")
+    for i in range(n):
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(sql, ("r", "s", "2026-10-01T09:00:00Z", "step.started",
+                           f'{{"index":{i},"tool":"search"}}', "0" * 64))
+        conn.execute("COMMIT")
+    conn.close()
+
+
+def _count(what: str, n: int) -> int:
+    """Instructions of one child running ``n`` units of ``what`` under cachegrind."""
+    out = subprocess.run(
+        ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
+         sys.executable, "-m", "bench.instructions", "--child", what, str(n)],
+        capture_output=True, text=True, check=True)
+    m = re.search(r"I\s+refs:\s+([\d,]+)", out.stderr)
+    if m is None:
+        raise SystemExit(f"no instruction count from valgrind:\n{out.stderr[-2000:]}")
+    return int(m.group(1).replace(",", ""))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.instructions",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--what", default="step,append,bare")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        what, n = args.child[0], int(args.child[1])
+        directory = tempfile.mkdtemp(prefix="bench-instr-", dir=os.getcwd())
+        try:
+            {"step": _steps, "append": _appends, "bare": _bare}[what](directory, n)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        return 0
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed")
+    for what in args.what.split(","):
+        n1, n2 = UNITS[what]
+        per = (_count(what, n2) - _count(what, n1)) / (n2 - n1)
+        print(f"{what:<8} {per:>12,.0f} instructions per {'step' if what == 'step' else 'commit'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
