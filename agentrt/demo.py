@@ -128,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     store.close()
     _print(path, run)
-    print(f"recorded in {path}; try: agentrt --db {path} runs")
+    bin_dir = os.path.relpath(os.path.dirname(sys.executable))
+    print(f"recorded in {path}; look again with: {os.path.join(bin_dir, 'agentrt')} "
+          f"--db {path} runs  (or: source {os.path.join(bin_dir, 'activate')})")
     return 0 if run.status == "COMPLETED" else 1
 
 
