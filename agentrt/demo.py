@@ -23,14 +23,15 @@ from agentrt.records import Decision, Limits, Run
 from agentrt.store import Store, open_store
 from agentrt.testing import ScriptedAgent
 
-__all__ = ["main", "run_demo"]
+__all__ = ["DEMO_SCRIPT", "demo_tools", "main", "run_demo"]
 
 _PATH_SCHEMA = b'{"type":"object","properties":{"path":{"type":"string"}},"required":["path"]}'
 _NOTE_SCHEMA = b'{"type":"object","properties":{"text":{"type":"string"}},"required":["text"]}'
 _ENV_SCHEMA = b'{"type":"object","properties":{"env":{"enum":["staging","production"]}}}'
 
 
-def _tools() -> list[FuncTool]:
+def demo_tools() -> list[FuncTool]:
+    """The scenario's tools: one of each side effect (benchmarks record with them too)."""
     def read_file(call: ToolCall) -> ToolResult:
         return ToolResult(b'{"lines":42,"title":"agentrt for Python"}', "read 42 lines")
 
@@ -56,7 +57,8 @@ def _tools() -> list[FuncTool]:
     ]
 
 
-_SCRIPT = [
+#: What the scripted agent decides, step by step.
+DEMO_SCRIPT = [
     Decision.tool_call("read_file", '{"path": "README.md"}', reason="learn what to ship"),
     Decision.tool_call("write_note", '{"text": 42}', reason="a malformed request"),
     Decision.tool_call("drop_table", '{"table": "users"}', reason="clean up (denied)"),
@@ -76,7 +78,7 @@ def run_demo(path: str) -> tuple[Store, Run]:
     """Record the scenario into a fresh database at ``path``; return it and the run."""
     _remove(path)
     store = open_store(path)
-    driver = Driver(store, ScriptedAgent(_SCRIPT), DefaultPolicy(), _tools(),
+    driver = Driver(store, ScriptedAgent(DEMO_SCRIPT), DefaultPolicy(), demo_tools(),
                     lease_owner="demo")
     limits = Limits(max_steps=20, max_consecutive_tool_failures=3, loop_threshold=3)
     run = driver.start("deploy the service to staging", limits)

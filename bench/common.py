@@ -310,19 +310,17 @@ class TemplateEvent:
 
 def _record_template() -> list[tuple[str, list[TemplateEvent]]]:
     """Two runs recorded by the real driver into a scratch database, as event lists."""
+    from agentrt.demo import DEMO_SCRIPT, demo_tools
     from agentrt.driver import (
         DefaultPolicy,
         Driver,
-        FuncTool,
         ModelConfig,
         ModelResponse,
         Price,
-        ToolCall,
-        ToolResult,
         ToolUse,
         approve,
     )
-    from agentrt.records import Decision, Limits, Usage
+    from agentrt.records import Limits, Usage
     from agentrt.store import open_store
     from agentrt.testing import (
         FakeClock,
@@ -332,32 +330,8 @@ def _record_template() -> list[tuple[str, list[TemplateEvent]]]:
         rate_limited,
     )
 
-    def result(content: bytes, summary: str) -> Callable[[ToolCall], ToolResult]:
-        return lambda call: ToolResult(content, summary)
-
-    path_schema = b'{"type":"object","properties":{"path":{"type":"string"}},"required":["path"]}'
-    note_schema = b'{"type":"object","properties":{"text":{"type":"string"}},"required":["text"]}'
-    tools = [
-        FuncTool("read_file", result(b'{"lines":42,"title":"agentrt for Python"}',
-                                     "read 42 lines"),
-                 description="Read a file from the workspace.", input_schema=path_schema,
-                 side_effect="read_only"),
-        FuncTool("write_note", result(b'{"saved":true}', "note saved"),
-                 description="Save a note.", input_schema=note_schema,
-                 side_effect="local_mutation"),
-        FuncTool("deploy", result(b'{"deployed":"staging","version":"1.4.2"}', "deployed 1.4.2"),
-                 description="Deploy the service.", side_effect="remote_mutation"),
-        FuncTool("drop_table", result(b'{"dropped":true}', "dropped"),
-                 description="Drop a database table.", side_effect="destructive"),
-    ]
-    script = [
-        Decision.tool_call("read_file", '{"path": "README.md"}', reason="learn what to ship"),
-        Decision.tool_call("write_note", '{"text": 42}', reason="a malformed request"),
-        Decision.tool_call("drop_table", '{"table": "users"}', reason="clean up (denied)"),
-        Decision.tool_call("deploy", '{"env": "staging"}', reason="ship it (needs approval)"),
-        Decision.tool_call("write_note", '{"text": "deployed 1.4.2 to staging"}'),
-        Decision.complete('{"summary": "deployed 1.4.2 to staging after approval"}'),
-    ]
+    tools = demo_tools()
+    script = list(DEMO_SCRIPT)
     counter = itertools.count(1)
     clock = FakeClock(BASE_TIME, step=timedelta(microseconds=1037))
     limits = Limits(max_steps=20, max_consecutive_tool_failures=3, loop_threshold=3,
