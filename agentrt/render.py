@@ -14,8 +14,9 @@ import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 
+from agentrt import timefmt
 from agentrt.gojson import is_valid, raw_members
 from agentrt.records import Approval
 from agentrt.timefmt import ZERO_TIME
@@ -100,16 +101,7 @@ def local_stamp(t: datetime | None) -> str:
     """``2006-01-02 15:04:05 -0700`` in the local zone; ``-`` for no time."""
     if t is None or t == ZERO_TIME:
         return "-"
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=UTC)
-    try:
-        local = t.astimezone()
-    except (OverflowError, ValueError):  # near year 1 or 9999: keep its own zone
-        local = t
-    offset = int((local.utcoffset() or timedelta(0)).total_seconds()) // 60
-    sign = "-" if offset < 0 else "+"
-    hours, minutes = divmod(abs(offset), 60)
-    return local.strftime("%Y-%m-%d %H:%M:%S ") + f"{sign}{hours:02d}{minutes:02d}"
+    return timefmt.local_stamp(t)
 
 
 def _dash(text: str) -> str:

@@ -15,6 +15,7 @@ __all__ = [
     "format_duration",
     "format_time",
     "format_time_nano",
+    "local_stamp",
     "parse_time",
     "to_unix_nanos",
 ]
@@ -210,3 +211,24 @@ def format_duration(ns: int) -> str:
             if hours:
                 text = f"{hours}h{text}"
     return "-" + text if neg else text
+
+
+def local_stamp(t: datetime, *, millis: bool = False) -> str:
+    """``2006-01-02 15:04:05[.000] -0700`` in the local zone, as the operator
+    sees times: milliseconds truncated, as Go's layout does. A time the local
+    zone cannot hold (near year 1 or 9999) keeps its own zone."""
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
+    try:
+        local = t.astimezone()
+    except (OverflowError, ValueError):
+        local = t
+    offset = int((local.utcoffset() or timedelta(0)).total_seconds()) // 60
+    sign = "-" if offset < 0 else "+"
+    hours, minutes = divmod(abs(offset), 60)
+    fraction = f".{local.microsecond // 1000:03d}" if millis else ""
+    return (
+        f"{local.year:04d}-{local.month:02d}-{local.day:02d} "
+        f"{local.hour:02d}:{local.minute:02d}:{local.second:02d}{fraction} "
+        f"{sign}{hours:02d}{minutes:02d}"
+    )

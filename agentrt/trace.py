@@ -24,7 +24,7 @@ import json
 import re
 import threading
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from functools import cache
 from typing import IO, Any
 
@@ -32,7 +32,7 @@ import orjson
 
 from agentrt.events import Event, Observer
 from agentrt.gojson import encode_string
-from agentrt.timefmt import format_time_nano
+from agentrt.timefmt import format_time_nano, local_stamp
 
 __all__ = [
     "LineWriter",
@@ -340,31 +340,12 @@ def jsonl_record(event: Event) -> bytes:
 # the aligned line
 
 
-def _local_stamp(t: datetime) -> str:
-    """``2006-01-02 15:04:05.000 -0700`` in the local zone, milliseconds
-    truncated as Go's layout does."""
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=UTC)
-    try:
-        local = t.astimezone()
-    except (OverflowError, ValueError):  # near year 1 or 9999: keep its own zone
-        local = t
-    offset = int((local.utcoffset() or timedelta(0)).total_seconds())
-    sign = "-" if offset < 0 else "+"
-    minutes = abs(offset) // 60
-    return (
-        f"{local.year:04d}-{local.month:02d}-{local.day:02d} "
-        f"{local.hour:02d}:{local.minute:02d}:{local.second:02d}.{local.microsecond // 1000:03d} "
-        f"{sign}{minutes // 60:02d}{minutes % 60:02d}"
-    )
-
-
 def aligned_line(event: Event) -> str:
     """One terminal line: local time, two spaces, the type padded to 22
     columns, a space and the sanitized payload. The type is sanitized too:
     a database read later may hold anything in that column."""
     payload = sanitize(event.payload.decode("utf-8", "surrogateescape"))
-    return f"{_local_stamp(event.at)}  {sanitize(event.type):<22} {payload}\n"
+    return f"{local_stamp(event.at, millis=True)}  {sanitize(event.type):<22} {payload}\n"
 
 
 # --------------------------------------------------------------------------
