@@ -14,7 +14,7 @@ import os
 import stat
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import apsw
 
@@ -97,14 +97,7 @@ def secure_files(path: str, *, create: bool, write: bool) -> None:
                 os.fchmod(fd, 0o600)  # whatever the umask
             finally:
                 os.close(fd)
-    try:
-        db = os.stat(path)
-    except FileNotFoundError as exc:
-        raise StoreOpenError(
-            f"{path} does not exist; name an existing agentrt database file"
-        ) from exc
-    except OSError as exc:
-        raise StoreOpenError(f"{path}: {exc.strerror}") from exc
+    db = _stat(path, os.stat)
     if not stat.S_ISREG(db.st_mode):
         raise StoreOpenError(f"{path} is not a regular file; name the database file itself")
     files: list[tuple[str, os.stat_result]] = [(path, db)]
@@ -187,16 +180,21 @@ def refuse_unsafe_schema(conn: apsw.Connection, path: str) -> None:
         )
 
 
-def lstat_regular(path: str) -> None:
-    """Refuse a symbolic link or anything else that is not a regular file."""
+def _stat(path: str, how: Callable[[str], os.stat_result]) -> os.stat_result:
+    """``how(path)``, with a missing or unreadable path said in one sentence."""
     try:
-        st = os.lstat(path)
+        return how(path)
     except FileNotFoundError as exc:
         raise StoreOpenError(
             f"{path} does not exist; name an existing agentrt database file"
         ) from exc
     except OSError as exc:
         raise StoreOpenError(f"{path}: {exc.strerror}") from exc
+
+
+def lstat_regular(path: str) -> None:
+    """Refuse a symbolic link or anything else that is not a regular file."""
+    st = _stat(path, os.lstat)
     if stat.S_ISLNK(st.st_mode):
         raise SymlinkError(path)
     if not stat.S_ISREG(st.st_mode):
