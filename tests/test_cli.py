@@ -751,3 +751,36 @@ def test_an_error_quoting_the_database_is_sanitized(ops):
     assert result.code == 1
     assert "\x1b" not in result.stderr and "\u202e" not in result.stderr
     assert "evil\\x1b[31m\\u{202e}: more than one pending approval" in result.stderr
+
+
+def test_read_commands_open_read_only_and_decisions_read_write(ops, monkeypatch):
+    opened: list[bool] = []
+    real = cli_module.open_existing
+
+    def recording(path, read_only=True):
+        opened.append(read_only)
+        return real(path, read_only=read_only)
+
+    monkeypatch.setattr(cli_module, "open_existing", recording)
+    for args in (["runs"], ["show", ops.waiting], ["events", ops.waiting], ["verify"]):
+        assert run(ops, *args).code == 0
+    assert opened == [True, True, True, True]
+    assert run(ops, "cancel", ops.waiting, "--note", "stop").code == 0
+    assert opened[-1] is False
+
+
+def test_runs_cuts_a_long_goal_to_sixty_bytes_and_show_a_long_field_to_4000(tmp_path):
+    kit = Kit(str(tmp_path / "long.db"))
+    goal = "deploy " + "é" * 3000
+    run_ = kit.completed(goal=goal)
+    listed = invoke("--db", kit.path, "runs").stdout
+    cell = listed.splitlines()[1].split("  ")[-1].strip()
+    assert cell.endswith("…")
+    head = cell[:-1]
+    assert goal.startswith(head) and 58 <= len(head.encode()) <= 60
+    shown = invoke("--db", kit.path, "show", run_.id).stdout
+    goal_line = next(line for line in shown.splitlines() if line.startswith("goal"))
+    head, marker = goal_line[len("goal    "):].split("...[")
+    assert goal.startswith(head) and 3998 <= len(head.encode()) <= 4000
+    assert marker == f"{len(goal.encode()) - len(head.encode())} more bytes]"
+    kit.close()

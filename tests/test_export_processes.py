@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import random
 import signal
 import subprocess
@@ -21,7 +22,8 @@ import pytest
 from eventdb import REPO_ROOT, child_env, make_db
 from stress import rounds
 
-from agentrt.store import open_existing
+from agentrt.store import open_existing, open_store
+from agentrt_export import DEFAULT_PAGE_SIZE, Follower
 
 
 def exporter(db: str, *args: str, stdout=None, stderr=subprocess.PIPE) -> subprocess.Popen:
@@ -215,3 +217,32 @@ def test_export_of_a_huge_payload_arrives_as_the_truncation_object(tmp_path):
     assert payload["truncated"] is True
     assert payload["length"] == size + 8
     assert len(done.stdout) < 200_000
+
+
+def test_a_progress_line_shows_while_a_backlog_drains_at_a_terminal(tmp_path):
+    db = str(tmp_path / "runs.db")
+    make_db(db, runs=24, events_per_run=500).close()
+    leader, follower_tty = pty.openpty()
+    with open(os.devnull, "wb") as sink:
+        proc = exporter(db, stdout=sink, stderr=follower_tty)
+        os.close(follower_tty)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the terminal closed with the process
+                break
+            if not chunk:
+                break
+            seen += chunk
+        assert proc.wait(timeout=60) == 0
+    os.close(leader)
+    assert b"exported through seq 12000 of 12000" in seen
+    # Without a terminal, stderr stays empty (see the bad-input tests' empty stdout).
+    quiet = run_cli("jsonl", "--db", db)
+    assert quiet.returncode == 0 and quiet.stderr == b""
+
+
+def test_the_follower_reads_pages_of_500_by_default():
+    assert DEFAULT_PAGE_SIZE == 500
+    assert Follower(open_store(":memory:"), once=True).page_size == 500

@@ -29,7 +29,12 @@ def scenario_db(path: str) -> list:
     scenario_paused(stream.use("paused"))
     scenario_cancelled(stream.use("cancelled"))
     scenario_model_retry(stream.use("model"))
-    events = stream.events
+    append_events(path, stream.events)
+    return stream.events
+
+
+def append_events(path: str, events: list) -> None:
+    """Commit ``events`` (with bare rows for their runs) to the database at ``path``."""
     store = open_store(path)
     with store.tx() as tx:
         for run_id in dict.fromkeys(e.run_id for e in events):
@@ -38,7 +43,6 @@ def scenario_db(path: str) -> list:
         for e in events:
             tx.append(e.run_id, e.step_id, e.at, e.type, e.payload)
     store.close()
-    return events
 
 
 def expected_keys(events) -> set:
@@ -107,6 +111,30 @@ def test_otel_command_waits_out_a_collector_outage_without_moving_the_cursor(tmp
         assert proc.returncode == 0, err
         assert received_keys(receiver) == expected_keys(events)
     assert cursor.read_text() == f"{events[-1].seq}\n"
+
+
+def test_otel_command_follows_new_commits_until_sigterm(tmp_path):
+    db = str(tmp_path / "runs.db")
+    first = scenario_db(db)
+    with HttpReceiver() as receiver:
+        proc = export(db, "--follow", "--endpoint", f"http://127.0.0.1:{receiver.port}",
+                      "--cursor-file", str(tmp_path / "cursor"))
+        _wait_for(lambda: received_keys(receiver) == expected_keys(first))
+        later = EventStream("later")
+        scenario_completed(later, goal="committed while the exporter follows")
+        append_events(db, later.events)
+        _wait_for(lambda: received_keys(receiver) >= expected_keys(later.events))
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert received_keys(receiver) == expected_keys(first) | expected_keys(later.events)
+
+
+def _wait_for(condition, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
 
 
 @pytest.mark.parametrize(
