@@ -13,6 +13,11 @@ lacks SHA extensions, so sha256 weighs more here than on the real CPU.
 ``step``: a step of the scripted agent with a trivial tool, as in
 ``bench_driver``; ``append``: ``with store.tx() as tx: tx.append(...)``, as in
 ``bench_store`` (b); ``bare``: the same-schema insert in its own transaction.
+``page``: one event read by ``list_events_after`` in pages of 500, as in
+``bench_store`` (a); ``page-bare``: the bare apsw loop it is compared with;
+``page-cast``: that loop with the store's select list; ``page-events``: that
+loop building the store's events from the rows. The paging workloads read a
+database of 60,000 events made once, before counting.
 """
 
 from __future__ import annotations
@@ -24,12 +29,18 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import apsw
 
 T0 = datetime(2026, 10, 1, 9, 0, tzinfo=UTC)
-UNITS = {"step": (100, 300), "append": (1000, 3000), "bare": (1000, 3000)}
+UNITS = {"step": (100, 300), "append": (1000, 3000), "bare": (1000, 3000),
+         "page": (20_000, 60_000), "page-bare": (20_000, 60_000),
+         "page-cast": (20_000, 60_000), "page-events": (20_000, 60_000)}
+#: Where the paging workloads find their database (made by the parent).
+_PAGE_DB = "BENCH_INSTRUCTIONS_PAGE_DB"
+_PAGE = 500
 
 
 def _steps(directory: str, n: int) -> None:
@@ -86,6 +97,41 @@ def _bare(directory: str, n: int) -> None:
     conn.close()
 
 
+def _pages(how: str) -> Callable[[str, int], None]:
+    """A workload reading ``n`` events of the parent's database, ``how`` it says."""
+
+    def read(directory: str, n: int) -> None:
+        from agentrt.store import open_existing
+        from agentrt.store.rows import EVENT_COLUMNS, events_from_rows
+
+        path = os.environ[_PAGE_DB]
+        if how == "store":
+            with open_existing(path) as store:
+                seq = 0
+                while seq < n:
+                    seq = store.list_events_after("", seq, _PAGE)[-1].seq
+            return
+        columns = "seq, run_id, step_id, at, type, payload_json"
+        sql = (f"SELECT {EVENT_COLUMNS.fast if how != 'bare' else columns} "
+               "FROM events WHERE seq > ? ORDER BY seq LIMIT ?")
+        conn = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READONLY)
+        seq = 0
+        while seq < n:
+            cursor = conn.execute(sql, (seq, _PAGE))
+            rows = events_from_rows(cursor) if how == "events" else cursor.fetchall()
+            seq = rows[-1][0]
+        conn.close()
+
+    return read
+
+
+WORKLOADS: dict[str, Callable[[str, int], None]] = {
+    "step": _steps, "append": _appends, "bare": _bare,
+    "page": _pages("store"), "page-bare": _pages("bare"),
+    "page-cast": _pages("cast"), "page-events": _pages("events"),
+}
+
+
 def _count(what: str, n: int) -> int:
     """Instructions of one child running ``n`` units of ``what`` under cachegrind."""
     out = subprocess.run(
@@ -108,16 +154,27 @@ def main(argv: list[str] | None = None) -> int:
         what, n = args.child[0], int(args.child[1])
         directory = tempfile.mkdtemp(prefix="bench-instr-", dir=os.getcwd())
         try:
-            {"step": _steps, "append": _appends, "bare": _bare}[what](directory, n)
+            WORKLOADS[what](directory, n)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
         return 0
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed")
-    for what in args.what.split(","):
-        n1, n2 = UNITS[what]
-        per = (_count(what, n2) - _count(what, n1)) / (n2 - n1)
-        print(f"{what:<8} {per:>12,.0f} instructions per {'step' if what == 'step' else 'commit'}")
+    wanted = args.what.split(",")
+    unknown = [w for w in wanted if w not in WORKLOADS]
+    if unknown:
+        parser.error(f"unknown workload {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
+    with tempfile.TemporaryDirectory(prefix="bench-instr-", dir=os.getcwd()) as directory:
+        if any(w.startswith("page") for w in wanted):
+            from bench.bench_store import build_events
+
+            os.environ[_PAGE_DB] = os.path.join(directory, "events.db")
+            build_events(os.environ[_PAGE_DB], UNITS["page"][1] + _PAGE)
+        for what in wanted:
+            n1, n2 = UNITS[what]
+            per = (_count(what, n2) - _count(what, n1)) / (n2 - n1)
+            unit = {"step": "step", "append": "commit", "bare": "commit"}.get(what, "event")
+            print(f"{what:<12} {per:>12,.0f} instructions per {unit}")
     return 0
 
 
