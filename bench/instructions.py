@@ -16,8 +16,14 @@ lacks SHA extensions, so sha256 weighs more here than on the real CPU.
 ``page``: one event read by ``list_events_after`` in pages of 500, as in
 ``bench_store`` (a); ``page-bare``: the bare apsw loop it is compared with;
 ``page-cast``: that loop with the store's select list; ``page-events``: that
-loop building the store's events from the rows. The paging workloads read a
-database of 60,000 events made once, before counting.
+loop building the store's events from the rows. ``export``: one event
+through a ``Follower`` into a ``JSONLSink`` writing to /dev/null (what
+``agentrt-export jsonl`` does per event); ``follow``: the same into a sink
+that does nothing; ``sqlite3-json``: one row of
+``sqlite3 -json`` selecting the same columns. The paging workloads read a
+database of 60,000 events (``bench_store``'s), the export workloads one of
+the runtime's own payloads (``bench.common.event_db``), each made once
+before counting; a workload of n units reads the table's last n rows.
 """
 
 from __future__ import annotations
@@ -37,10 +43,15 @@ import apsw
 T0 = datetime(2026, 10, 1, 9, 0, tzinfo=UTC)
 UNITS = {"step": (100, 300), "append": (1000, 3000), "bare": (1000, 3000),
          "page": (20_000, 60_000), "page-bare": (20_000, 60_000),
-         "page-cast": (20_000, 60_000), "page-events": (20_000, 60_000)}
-#: Where the paging workloads find their database (made by the parent).
+         "page-cast": (20_000, 60_000), "page-events": (20_000, 60_000),
+         "export": (20_000, 60_000), "follow": (20_000, 60_000),
+         "sqlite3-json": (20_000, 60_000)}
+#: Where the paging and export workloads find their databases (made by the parent).
 _PAGE_DB = "BENCH_INSTRUCTIONS_PAGE_DB"
+_EXPORT_DB = "BENCH_INSTRUCTIONS_EXPORT_DB"
 _PAGE = 500
+_TABLE = 60_000 + _PAGE
+_COLUMNS = "seq, run_id, step_id, at, type, payload_json"
 
 
 def _steps(directory: str, n: int) -> None:
@@ -107,16 +118,15 @@ def _pages(how: str) -> Callable[[str, int], None]:
         path = os.environ[_PAGE_DB]
         if how == "store":
             with open_existing(path) as store:
-                seq = 0
-                while seq < n:
+                seq = _TABLE - n
+                while seq < _TABLE:
                     seq = store.list_events_after("", seq, _PAGE)[-1].seq
             return
-        columns = "seq, run_id, step_id, at, type, payload_json"
-        sql = (f"SELECT {EVENT_COLUMNS.fast if how != 'bare' else columns} "
+        sql = (f"SELECT {EVENT_COLUMNS.fast if how != 'bare' else _COLUMNS} "
                "FROM events WHERE seq > ? ORDER BY seq LIMIT ?")
         conn = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READONLY)
-        seq = 0
-        while seq < n:
+        seq = _TABLE - n
+        while seq < _TABLE:
             cursor = conn.execute(sql, (seq, _PAGE))
             rows = events_from_rows(cursor) if how == "events" else cursor.fetchall()
             seq = rows[-1][0]
@@ -125,19 +135,40 @@ def _pages(how: str) -> Callable[[str, int], None]:
     return read
 
 
+def _exports(sink: str) -> Callable[[str, int], None]:
+    """A workload following ``n`` events into a JSONL sink on /dev/null, or a null sink."""
+
+    def export(directory: str, n: int) -> None:
+        from agentrt.store import open_existing
+        from agentrt_export import Follower, JSONLSink, MemoryCursor
+
+        with open_existing(os.environ[_EXPORT_DB]) as store, open(os.devnull, "wb") as out:
+            follower = Follower(store, cursor=MemoryCursor(_TABLE - n), once=True)
+            follower.follow(JSONLSink(out) if sink == "jsonl" else lambda event: None)
+
+    return export
+
+
 WORKLOADS: dict[str, Callable[[str, int], None]] = {
     "step": _steps, "append": _appends, "bare": _bare,
     "page": _pages("store"), "page-bare": _pages("bare"),
     "page-cast": _pages("cast"), "page-events": _pages("events"),
+    "export": _exports("jsonl"), "follow": _exports("null"),
 }
+#: Every workload: the Python ones above, and the sqlite3 CLI counted as itself.
+NAMES = (*WORKLOADS, "sqlite3-json")
 
 
 def _count(what: str, n: int) -> int:
     """Instructions of one child running ``n`` units of ``what`` under cachegrind."""
+    if what == "sqlite3-json":
+        query = f"SELECT {_COLUMNS} FROM events WHERE seq > {_TABLE - n} ORDER BY seq"
+        child = [shutil.which("sqlite3") or "sqlite3", "-json", os.environ[_EXPORT_DB], query]
+    else:
+        child = [sys.executable, "-m", "bench.instructions", "--child", what, str(n)]
     out = subprocess.run(
         ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
-         sys.executable, "-m", "bench.instructions", "--child", what, str(n)],
-        capture_output=True, text=True, check=True)
+         *child], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=True)
     m = re.search(r"I\s+refs:\s+([\d,]+)", out.stderr)
     if m is None:
         raise SystemExit(f"no instruction count from valgrind:\n{out.stderr[-2000:]}")
@@ -161,20 +192,24 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed")
     wanted = args.what.split(",")
-    unknown = [w for w in wanted if w not in WORKLOADS]
+    unknown = [w for w in wanted if w not in NAMES]
     if unknown:
-        parser.error(f"unknown workload {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
+        parser.error(f"unknown workload {', '.join(unknown)}; choose from {', '.join(NAMES)}")
     with tempfile.TemporaryDirectory(prefix="bench-instr-", dir=os.getcwd()) as directory:
         if any(w.startswith("page") for w in wanted):
             from bench.bench_store import build_events
 
             os.environ[_PAGE_DB] = os.path.join(directory, "events.db")
-            build_events(os.environ[_PAGE_DB], UNITS["page"][1] + _PAGE)
+            build_events(os.environ[_PAGE_DB], _TABLE)
+        if {"export", "follow", "sqlite3-json"} & set(wanted):
+            from bench.common import event_db
+
+            os.environ[_EXPORT_DB] = event_db(_TABLE)
         for what in wanted:
             n1, n2 = UNITS[what]
             per = (_count(what, n2) - _count(what, n1)) / (n2 - n1)
             unit = {"step": "step", "append": "commit", "bare": "commit"}.get(what, "event")
-            print(f"{what:<12} {per:>12,.0f} instructions per {unit}")
+            print(f"{what:<12} {per:>12,.0f} instructions per {unit}", flush=True)
     return 0
 
 
