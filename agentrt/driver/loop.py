@@ -365,9 +365,10 @@ def apply(
     """Act on the policy's ruling; shared by the loop and by an approved resume."""
     core = s.core
     from_ = WAITING if grant is not None else RUNNING
-    step = evolve(step, policy_id=core.policy_id)
-    if grant is not None:
-        step = evolve(step, started_at=resumed_at)  # the approval wait is not active time
+    # This function's own copy of the step: changed in place below.
+    step = evolve(step, policy_id=core.policy_id,
+                  # the approval wait is not active time
+                  started_at=resumed_at if grant is not None else step.started_at)
     if perr is not None or pd is None:
         text = str(perr) or type(perr).__name__
         end = StepEnd(evolve(step, status=StepStatus.FAILED.value), expected,
@@ -387,7 +388,7 @@ def apply(
             return s.settle(from_, Ending(RunStatus.FAILED.value, Reason.INTERNAL_ERROR.value,
                                           detail), end=end, pre=[reduced_event],
                             spec_entry=entry)
-    step = evolve(step, policy=pd)
+    step.policy = pd
     event = policy_event(pd, core.policy_id, entry[0], view)
     outcome = pd.outcome
     tool = request.spec.name
@@ -450,12 +451,16 @@ def _end_with_policy(s: Session, end: StepEnd, event: bytes, policy_at: Any, ent
 
 def execute(s: Session, step: Step, expected: tuple[str, ...], request: ToolRequest,
             event: bytes, policy_at: Any, entry: SpecEntry, grant: Approval | None) -> Run | None:
-    """Commit the ruling with the tool's start, run the tool, record what came of it."""
+    """Commit the ruling with the tool's start, run the tool, record what came of it.
+
+    ``step`` is :func:`apply`'s own copy, which becomes the executing step."""
     core = s.core
     wall_at = core.wall()
     start_at = core.now() if grant is not None else policy_at
-    executing = evolve(step, status=EXECUTING[0], started_at=start_at
-                        if grant is not None else step.started_at)
+    executing = step
+    executing.status = EXECUTING[0]
+    if grant is not None:
+        executing.started_at = start_at
     started: dict[str, Any] = (
         {"args": Raw(request.args), "tool": request.spec.name} if grant is None
         else {"approval_id": grant.id, "args": Raw(request.args), "tool": request.spec.name})

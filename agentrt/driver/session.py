@@ -127,8 +127,9 @@ def _ms(later: datetime | None, earlier: datetime | None) -> int:
 class StepEnd:
     """How a step ends inside a transaction.
 
-    ``step`` is the step's new state (status, observation, policy); its
-    ``finished_at`` is set from the reading the writer takes. ``tool`` names
+    ``step`` is the step's new state (status, observation, policy), a copy
+    made for this end (``evolve``); its ``finished_at`` is set from the
+    reading the writer takes, and it becomes the stored step. ``tool`` names
     the tool when the step was executing (a ``step.tool_finished`` is written).
     """
 
@@ -264,6 +265,9 @@ class Session:
         """Insert (``expected`` None) or compare-and-set a step; the cache gets the row
         in its stored form, equal to what a reload decodes.
 
+        ``step`` must be a copy no one else holds (made by ``evolve``): it is
+        turned into the stored form, cached and returned.
+
         A part unchanged since this step's last write (the same object) is neither
         encoded nor converted again. ``running``: the same statement requires the
         run to be RUNNING under this session's lease.
@@ -297,12 +301,13 @@ class Session:
             insert_step(tx, row)
         else:
             update_step(tx, row, expected, running_for=self.core.owner if running else None)
-        stored = Step(step.id, step.run_id, step.index, step.status, decision, policy,
-                      observation_, step.started_at, step.finished_at, step.spec_hash,
-                      step.policy_id)
-        self._last = (stored, (d_text, p_text, o_text))
-        self._cache_step(stored)
-        return stored
+        # The step is the caller's own copy (``evolve``): it becomes the stored
+        # form in place rather than being copied once more.
+        step.decision, step.policy, step.observation = decision, policy, observation_
+        step.decode_error = ""
+        self._last = (step, (d_text, p_text, o_text))
+        self._cache_step(step)
+        return step
 
     def decision_json(self) -> str:
         """The decision column just written (``step.decided`` carries the same bytes)."""
@@ -321,11 +326,12 @@ class Session:
         ``running``: the active-time update also checks that the run is RUNNING
         under this session's lease (the run continues, so nothing else checks it).
         """
-        new = evolve(end.step, finished_at=at)
+        new = end.step  # the end's own copy (see StepEnd)
+        new.finished_at = at
         add_active_ms(tx, self.run_id, _ms(at, new.started_at),
                       running_for=self.core.owner if running else None)
-        stored = self.write_step(tx, new, end.expected)
         obs = new.observation
+        stored = self.write_step(tx, new, end.expected)
         failed = new.status == StepStatus.FAILED
         if end.tool:
             if failed:
