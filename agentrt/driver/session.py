@@ -14,11 +14,11 @@ the loop stops there.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from agentrt.canonical import content_hash
 from agentrt.driver.cancel import CancelToken
@@ -42,7 +42,6 @@ from agentrt.gojson import Raw, dumps, sorted_map
 from agentrt.records import (
     Approval,
     ApprovalStatus,
-    Decision,
     Observation,
     ObservationKind,
     PolicyDecision,
@@ -91,20 +90,6 @@ def observation(kind: str, fields: dict[str, Any], summary: str) -> Observation:
     """A runtime-built observation: string-only content, so it always encodes."""
     content = encode(sorted_map(fields))
     return Observation(kind, content, summary, content_hash(content))
-
-
-_Part = TypeVar("_Part", Decision, PolicyDecision, Observation)
-
-
-def _part(new: _Part | None, old: _Part | None, old_text: str,
-          make: Callable[[_Part], _Part]) -> tuple[_Part | None, str]:
-    """(stored form, column text) of one JSON part of a step; a part that is the
-    very object last written for this step is reused as it is."""
-    if new is None:
-        return None, ""
-    if new is old:
-        return new, old_text
-    return make(new), encode(new.to_json()).decode("utf-8")
 
 
 _RUN_STATE = (
@@ -174,7 +159,7 @@ class Session:
     worker: Worker = field(default_factory=Worker)
     specs_written: set[str] = field(default_factory=set)
     signatures: dict[str, str] = field(default_factory=dict)
-    _last: tuple[Step, tuple[str, str, str]] | None = None
+    _last: tuple[Step, tuple[str, str, str, str]] | None = None
     _limits_text: str = ""
     _shared: int = 0
     _expires_text: str = ""
@@ -272,17 +257,37 @@ class Session:
         encoded nor converted again. ``running``: the same statement requires the
         run to be RUNNING under this session's lease.
         """
+        # The last write's parts and times, to reuse those that are the very
+        # objects written then (inline: this runs four times a step).
         last = self._last
         if last is not None and last[0].id == step.id:
-            prev, texts = last
-            decision, d_text = _part(step.decision, prev.decision, texts[0], stored_decision)
-            policy, p_text = _part(step.policy, prev.policy, texts[1], stored_policy)
-            observation_, o_text = _part(step.observation, prev.observation, texts[2],
-                                         stored_observation)
+            prev, (d_text, p_text, o_text, s_text) = last
+            prev_decision, prev_policy = prev.decision, prev.policy
+            prev_observation, prev_started = prev.observation, prev.started_at
         else:
-            decision, d_text = _part(step.decision, None, "", stored_decision)
-            policy, p_text = _part(step.policy, None, "", stored_policy)
-            observation_, o_text = _part(step.observation, None, "", stored_observation)
+            d_text = p_text = o_text = s_text = ""
+            prev_decision = prev_policy = prev_observation = prev_started = None
+        decision = step.decision
+        if decision is None:
+            d_text = ""
+        elif decision is not prev_decision:
+            d_text = encode(decision.to_json()).decode("utf-8")
+            decision = stored_decision(decision)
+        policy = step.policy
+        if policy is None:
+            p_text = ""
+        elif policy is not prev_policy:
+            p_text = encode(policy.to_json()).decode("utf-8")
+            policy = stored_policy(policy)
+        observation_ = step.observation
+        if observation_ is None:
+            o_text = ""
+        elif observation_ is not prev_observation:
+            o_text = encode(observation_.to_json()).decode("utf-8")
+            observation_ = stored_observation(observation_)
+        started, finished = step.started_at, step.finished_at
+        if started is not prev_started or started is None:
+            s_text = stored_time(started)
         row = (
             step.id,
             step.run_id,
@@ -292,8 +297,8 @@ class Session:
             p_text,
             o_text,
             observation_.content_hash if observation_ is not None else "",
-            stored_time(step.started_at),
-            stored_time(step.finished_at),
+            s_text,
+            "" if finished is None else stored_time(finished),
             step.spec_hash,
             step.policy_id,
         )
@@ -305,7 +310,7 @@ class Session:
         # form in place rather than being copied once more.
         step.decision, step.policy, step.observation = decision, policy, observation_
         step.decode_error = ""
-        self._last = (step, (d_text, p_text, o_text))
+        self._last = (step, (d_text, p_text, o_text, s_text))
         self._cache_step(step)
         return step
 
