@@ -122,6 +122,10 @@ class DecisionKind(StrEnum):
     NO_TOOL_CALL = "no_tool_call"
 
 
+# Read once: ``Member.value`` is a Python-level property, and an agent makes a
+# tool call decision every step.
+_TOOL_CALL = DecisionKind.TOOL_CALL.value
+
 class ObservationKind(StrEnum):
     TOOL_RESULT = "tool_result"
     TOOL_ERROR = "tool_error"
@@ -301,8 +305,7 @@ class Decision:
     def tool_call(cls, tool: str, args: bytes | str | None = None, reason: str = "",
                   origin: str = "") -> Decision:
         data = args.encode("utf-8") if isinstance(args, str) else args
-        return cls(DecisionKind.TOOL_CALL.value, tool=tool, args=data, reason=reason,
-                   origin=origin)
+        return cls(_TOOL_CALL, tool, data, reason, origin=origin)
 
     @classmethod
     def complete(cls, result: bytes | str | None = None, reason: str = "",

@@ -224,17 +224,6 @@ class Session:
             put_tool_spec(tx, spec_hash, text)
             self.specs_written.add(spec_hash)
 
-    def _cache_step(self, step: Step) -> None:
-        assert self.steps is not None
-        if step.index < len(self.steps):
-            if step.index < self._shared:
-                # A snapshot handed out may cover this step: leave it the old list.
-                self.steps = list(self.steps)
-                self._shared = 0
-            self.steps[step.index] = step
-        else:
-            self.steps.append(step)
-
     def step_snapshot(self, n: int) -> Snapshot[Step]:
         """The first ``n`` steps as consumers see them, at O(1) cost."""
         steps = self.steps or []
@@ -311,7 +300,17 @@ class Session:
         step.decision, step.policy, step.observation = decision, policy, observation_
         step.decode_error = ""
         self._last = (step, (d_text, p_text, o_text, s_text))
-        self._cache_step(step)
+        steps = self.steps
+        assert steps is not None
+        index = step.index
+        if index < len(steps):
+            if index < self._shared:
+                # A snapshot handed out may cover this step: leave it the old list.
+                steps = self.steps = list(steps)
+                self._shared = 0
+            steps[index] = step
+        else:
+            steps.append(step)
         return step
 
     def decision_json(self) -> str:
