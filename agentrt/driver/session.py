@@ -173,8 +173,7 @@ class Session:
         if run is None:
             self.run = self.core.store.get_run(self.run_id)
             return self.run
-        with self.core.store.locked() as conn:
-            row = conn.execute(_RUN_STATE, (self.run_id,)).fetchone()
+        row = self.core.store.read_row(_RUN_STATE, (self.run_id,))
         if row is None or row[0] != RunStatus.RUNNING or row[9] != self._limits_text:
             self.run = self.core.store.get_run(self.run_id)
             self._limits_text = str(row[9]) if row is not None else ""
