@@ -122,8 +122,8 @@ class DecisionKind(StrEnum):
     NO_TOOL_CALL = "no_tool_call"
 
 
-# Read once: ``Member.value`` is a Python-level property, and an agent makes a
-# tool call decision every step.
+# Read once: ``Member.value`` is a Python-level property (and ``Enum.MEMBER``
+# goes through the enum type's ``__getattr__``); these are read every step.
 _TOOL_CALL = DecisionKind.TOOL_CALL.value
 
 class ObservationKind(StrEnum):
@@ -132,6 +132,9 @@ class ObservationKind(StrEnum):
     POLICY_DENIED = "policy_denied"
     INVALID_DECISION = "invalid_decision"
     INTERRUPTED = "interrupted"
+
+
+_TOOL_RESULT = ObservationKind.TOOL_RESULT.value
 
 
 class SideEffect(StrEnum):
@@ -425,7 +428,7 @@ class Observation:
     @property
     def failure(self) -> bool:
         """Every kind but tool_result counts toward the consecutive-failure limit."""
-        return self.kind != ObservationKind.TOOL_RESULT
+        return self.kind != _TOOL_RESULT
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind}

@@ -84,6 +84,10 @@ RUNNING = (RunStatus.RUNNING.value,)
 WAITING = (RunStatus.WAITING_FOR_APPROVAL.value,)
 #: What Resume and Cancel accept as "still running" (INTERRUPTED is never written).
 ACTIVE = (RunStatus.RUNNING.value, RunStatus.INTERRUPTED.value)
+# Read once, as in the loop: ``Enum.MEMBER`` goes through the enum type's
+# ``__getattr__`` hook.
+_FAILED = StepStatus.FAILED.value
+_STEP_TOOL_FINISHED = EventType.STEP_TOOL_FINISHED.value
 
 
 def observation(kind: str, fields: dict[str, Any], summary: str) -> Observation:
@@ -174,7 +178,7 @@ class Session:
             self.run = self.core.store.get_run(self.run_id)
             return self.run
         row = self.core.store.read_row(_RUN_STATE, (self.run_id,))
-        if row is None or row[0] != RunStatus.RUNNING or row[9] != self._limits_text:
+        if row is None or row[0] != RUNNING[0] or row[9] != self._limits_text:
             self.run = self.core.store.get_run(self.run_id)
             self._limits_text = str(row[9]) if row is not None else ""
             return self.run
@@ -317,7 +321,7 @@ class Session:
         assert self._last is not None
         return self._last[1][0]
 
-    def append(self, tx: Tx, step_id: str, at: datetime, type: EventType,
+    def append(self, tx: Tx, step_id: str, at: datetime, type: str,
                payload: bytes | dict[str, Any] | None = None) -> None:
         data = encode(payload) if isinstance(payload, dict) else payload
         tx.append(self.run_id, step_id, at, type, data)  # stored as str(type): its value
@@ -335,7 +339,7 @@ class Session:
                       running_for=self.core.owner if running else None)
         obs = new.observation
         stored = self.write_step(tx, new, end.expected)
-        failed = new.status == StepStatus.FAILED
+        failed = new.status == _FAILED
         if end.tool:
             if failed:
                 finished: dict[str, Any] = {
@@ -350,7 +354,7 @@ class Session:
                     "summary": obs.summary if obs is not None else "",
                     "tool": end.tool,
                 }
-            self.append(tx, new.id, at, EventType.STEP_TOOL_FINISHED, finished)
+            self.append(tx, new.id, at, _STEP_TOOL_FINISHED, finished)
         if failed:
             if obs is not None:
                 self.append(tx, new.id, at, EventType.STEP_FAILED, {
