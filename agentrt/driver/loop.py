@@ -214,9 +214,12 @@ def _normalise(decision: Decision) -> tuple[Decision, Decision, str | None]:
     d = decision
     original = Decision(d.kind, d.tool, args, d.reason, result, d.message, d.origin,
                         d.invalid_args, d.invalid_result, d.invalid_base64)
-    recorded = Decision(d.kind, d.tool, args, d.reason, result, d.message, d.origin)
     args_problem = check_json(args) if args is not None else None
     result_problem = check_json(result) if result is not None else None
+    if (args_problem is None and result_problem is None and not d.invalid_args
+            and not d.invalid_result and not d.invalid_base64):
+        return original, original, None  # the usual case: both forms are one (never changed)
+    recorded = Decision(d.kind, d.tool, args, d.reason, result, d.message, d.origin)
     if args_problem is not None or result_problem is not None:
         bad = [b for b, p in ((args, args_problem), (result, result_problem))
                if b is not None and p is not None]
