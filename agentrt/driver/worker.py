@@ -39,7 +39,7 @@ class Outcome:
     def wait(self, timeout: float | None) -> bool:
         """True once finished; False when ``timeout`` seconds passed first. Only
         one wait may succeed: it takes the finished signal."""
-        return self.done.acquire(timeout=-1 if timeout is None else max(timeout, 0.0))
+        return self.done.acquire(True, -1 if timeout is None else max(timeout, 0.0))
 
 
 def _run(out: Outcome, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
