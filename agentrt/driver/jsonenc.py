@@ -24,28 +24,14 @@ from agentrt.gojson import Raw, add_go_escapes, compact, dumps, is_valid
 __all__ = ["encode"]
 
 
-# The last raw bytes turned into a fragment, and the fragment, kept by identity
-# (bytes do not change): a step embeds its arguments twice, in the decision
-# column and in ``step.tool_started``. Replaced whole, so threads see a pair.
-_last: tuple[bytes | None, Any] = (None, None)
-
-
 def _fragment(value: Any) -> Any:
-    global _last
     if isinstance(value, Raw):
-        raw = value.data
-        last = _last
-        if raw is last[0]:
-            return last[1]
-        data = raw.strip()
+        data = value.data.strip()
         if not data:
             return None
         if not is_valid(data):
             raise ValueError("raw value is not valid JSON")
-        fragment = orjson.Fragment(compact(data, html=True))
-        if type(raw) is bytes:  # immutable: the same object is the same JSON
-            _last = (raw, fragment)
-        return fragment
+        return orjson.Fragment(compact(data, html=True))
     raise TypeError(f"cannot encode {type(value).__name__} as JSON")
 
 
