@@ -120,6 +120,8 @@ _LEAVES = frozenset((str, int, bool, type(None)))
 
 def _keys_and_floats(value: Any) -> tuple[int, bool]:
     """(how many object members ``value`` holds, whether it holds a float)."""
+    if type(value) is dict and _LEAVES.issuperset(map(type, value.values())):
+        return len(value), False  # a flat object, the usual arguments or result
     keys, floats = 0, False
     stack = [value]
     while stack:

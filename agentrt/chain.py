@@ -32,23 +32,25 @@ def chain_hash(
     payload_json: bytes | str,
 ) -> str:
     """Lowercase hex sha256 over seven netstrings of the fields exactly as stored."""
-    payload = payload_json.encode("utf-8") if isinstance(payload_json, str) else payload_json
-    s = str(seq)
-    # The writer computes this on every append. Its usual fields are ASCII, where
-    # a character is a byte: the header before the payload is then one string,
-    # encoded once, with lengths taken from the table.
-    L = _LENGTHS
-    try:
-        header = (f"{L[len(prev_hash)]}:{prev_hash},{L[len(s)]}:{s},{L[len(run_id)]}:{run_id},"
-                  f"{L[len(step_id)]}:{step_id},{L[len(at)]}:{at},{L[len(type)]}:{type},"
-                  f"{L[len(payload)]}:")
-    except IndexError:  # a field of 1024 or more: the general path below
-        header = None
-    if header is not None and header.isascii():
-        h = hashlib.sha256(header.encode("ascii"))
-        h.update(payload)
-        h.update(b",")
-        return h.hexdigest()
-    fields = [f.encode("utf-8") for f in (prev_hash, s, run_id, step_id, at, type)]
+    if isinstance(payload_json, str):
+        s = str(seq)
+        # The writer computes this on every append, with the payload as the text it
+        # stores. Its usual fields are ASCII, where a character is a byte: the
+        # record is then one string, encoded and hashed once, with lengths taken
+        # from the table.
+        L = _LENGTHS
+        try:
+            record = (f"{L[len(prev_hash)]}:{prev_hash},{L[len(s)]}:{s},"
+                      f"{L[len(run_id)]}:{run_id},{L[len(step_id)]}:{step_id},"
+                      f"{L[len(at)]}:{at},{L[len(type)]}:{type},"
+                      f"{L[len(payload_json)]}:{payload_json},")
+        except IndexError:  # a field of 1024 or more: the general path below
+            record = None
+        if record is not None and record.isascii():
+            return hashlib.sha256(record.encode("ascii")).hexdigest()
+        payload = payload_json.encode("utf-8")
+    else:
+        payload = payload_json
+    fields = [f.encode("utf-8") for f in (prev_hash, str(seq), run_id, step_id, at, type)]
     fields.append(payload)
     return hashlib.sha256(b"".join(netstring(f) for f in fields)).hexdigest()

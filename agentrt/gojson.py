@@ -122,7 +122,7 @@ def compact(data: bytes, html: bool = False) -> bytes:
     # times cheaper than a regex search or a generator over the bytes.
     if _SP in data or _LF in data or _TAB in data or _CR in data:
         data = _TOKEN.sub(rb"\1", data)
-    if html and _may_need_go_escapes(data, html):
+    if html and (_E2 in data or _LT in data or _GT in data or _AMP in data):
         data = _HTML_BYTES.sub(lambda m: _HTML_ESCAPES[m.group()], data)
     return data
 
@@ -201,17 +201,15 @@ _GO_ESCAPES_HTML = _GO_ESCAPES_ALWAYS + (
 def add_go_escapes(data: bytes, html: bool = True) -> bytes:
     """orjson's output of a plain value made Go's: the escapes Go adds and orjson does
     not (``<``, ``>``, ``&`` when ``html``; U+2028 and U+2029 always). Those
-    characters can only occur inside strings, so replacing their bytes is exact."""
-    if _may_need_go_escapes(data, html):
+    characters can only occur inside strings, so replacing their bytes is exact.
+
+    Most values hold none of the bytes that start them: memchr scans for ints
+    (as in :func:`compact`) decide that, inline, as this runs for every event.
+    """
+    if _E2 in data or (html and (_LT in data or _GT in data or _AMP in data)):
         for raw, escaped in _GO_ESCAPES_HTML if html else _GO_ESCAPES_ALWAYS:
             data = data.replace(raw, escaped)
     return data
-
-
-def _may_need_go_escapes(data: bytes, html: bool) -> bool:
-    """Whether ``data`` holds a byte that may start one of Go's extra escapes
-    (memchr scans for ints, as in :func:`compact`)."""
-    return _E2 in data or (html and (_LT in data or _GT in data or _AMP in data))
 
 
 def dumps(value: Any, html: bool = True) -> bytes:

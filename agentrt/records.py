@@ -122,12 +122,19 @@ class DecisionKind(StrEnum):
     NO_TOOL_CALL = "no_tool_call"
 
 
+# Read once: ``Member.value`` is a Python-level property (and ``Enum.MEMBER``
+# goes through the enum type's ``__getattr__``); these are read every step.
+_TOOL_CALL = DecisionKind.TOOL_CALL.value
+
 class ObservationKind(StrEnum):
     TOOL_RESULT = "tool_result"
     TOOL_ERROR = "tool_error"
     POLICY_DENIED = "policy_denied"
     INVALID_DECISION = "invalid_decision"
     INTERRUPTED = "interrupted"
+
+
+_TOOL_RESULT = ObservationKind.TOOL_RESULT.value
 
 
 class SideEffect(StrEnum):
@@ -301,8 +308,7 @@ class Decision:
     def tool_call(cls, tool: str, args: bytes | str | None = None, reason: str = "",
                   origin: str = "") -> Decision:
         data = args.encode("utf-8") if isinstance(args, str) else args
-        return cls(DecisionKind.TOOL_CALL.value, tool=tool, args=data, reason=reason,
-                   origin=origin)
+        return cls(_TOOL_CALL, tool, data, reason, origin=origin)
 
     @classmethod
     def complete(cls, result: bytes | str | None = None, reason: str = "",
@@ -422,7 +428,7 @@ class Observation:
     @property
     def failure(self) -> bool:
         """Every kind but tool_result counts toward the consecutive-failure limit."""
-        return self.kind != ObservationKind.TOOL_RESULT
+        return self.kind != _TOOL_RESULT
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind}

@@ -8,7 +8,7 @@ session reads it and never changes it.
 from __future__ import annotations
 
 import logging
-import secrets
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -43,8 +43,9 @@ _log = logging.getLogger("agentrt")
 
 
 def new_id() -> str:
-    """16 random bytes as 32 lowercase hex characters."""
-    return secrets.token_hex(16)
+    """16 random bytes as 32 lowercase hex characters (``secrets.token_hex(16)``
+    without its three Python calls: a step takes one)."""
+    return os.urandom(16).hex()
 
 
 def system_now() -> datetime:

@@ -43,11 +43,16 @@ def failure_streak(steps: list[Step], stop_at: int) -> int:
     return n
 
 
+# Read once: ``Enum.MEMBER`` goes through the enum type's ``__getattr__`` hook.
+_TOOL_CALL = DecisionKind.TOOL_CALL.value
+_INVALID_DECISION = ObservationKind.INVALID_DECISION.value
+
+
 def _signature(step: Step, args_hashes: dict[str, str]) -> tuple[str, str, str] | None:
     d, obs = step.decision, step.observation
-    if d is None or d.kind != DecisionKind.TOOL_CALL or obs is None:
+    if d is None or d.kind != _TOOL_CALL or obs is None:
         return None
-    if obs.kind == ObservationKind.INVALID_DECISION:
+    if obs.kind == _INVALID_DECISION:
         return None
     args_hash = args_hashes.get(step.id)
     if args_hash is None:

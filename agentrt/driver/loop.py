@@ -59,10 +59,19 @@ __all__ = ["apply", "evaluate", "run_loop"]
 
 DECIDING = (StepStatus.DECIDING.value,)
 EXECUTING = (StepStatus.EXECUTING.value,)
-# Enum values read once: ``Member.value`` is a Python-level property, and the
-# loop would read several per step.
+# Enum values read once: ``Member.value`` is a Python-level property, and even
+# ``Enum.MEMBER`` goes through the enum type's ``__getattr__`` hook (some ten
+# times a module global); the loop reads a dozen per step.
 _DONE = StepStatus.DONE.value
 _FAILED = StepStatus.FAILED.value
+_TOOL_CALL = DecisionKind.TOOL_CALL.value
+_COMPLETE = DecisionKind.COMPLETE.value
+_FAIL = DecisionKind.FAIL.value
+_ALLOW = PolicyOutcome.ALLOW.value
+_STEP_STARTED = EventType.STEP_STARTED.value
+_STEP_DECIDED = EventType.STEP_DECIDED.value
+_STEP_POLICY = EventType.STEP_POLICY.value
+_STEP_TOOL_STARTED = EventType.STEP_TOOL_STARTED.value
 _ORIGINS = frozenset(("", "model", "plan", "operator"))
 SpecEntry = tuple[str, bytes]
 Current = tuple[ToolSpec, str, bytes, Any]
@@ -88,7 +97,7 @@ def run_loop(s: Session) -> Run:
 def _iteration(s: Session) -> Run | None:
     s.check_cancel()
     run = s.reload()
-    if run.status != RunStatus.RUNNING:
+    if run.status != RUNNING[0]:
         return run
     if not s.lease.ok():
         return s.lost(None)
@@ -113,7 +122,7 @@ def _start_step(s: Session, run: Run) -> Step:
     with s.tx() as tx:
         start_step(tx, s.run_id, index, core.owner)
         stored = s.write_step(tx, step, None)
-        s.append(tx, step.id, now, EventType.STEP_STARTED, {"index": index})
+        s.append(tx, step.id, now, _STEP_STARTED, {"index": index})
     run.step_count += 1
     return stored
 
@@ -205,9 +214,12 @@ def _normalise(decision: Decision) -> tuple[Decision, Decision, str | None]:
     d = decision
     original = Decision(d.kind, d.tool, args, d.reason, result, d.message, d.origin,
                         d.invalid_args, d.invalid_result, d.invalid_base64)
-    recorded = Decision(d.kind, d.tool, args, d.reason, result, d.message, d.origin)
     args_problem = check_json(args) if args is not None else None
     result_problem = check_json(result) if result is not None else None
+    if (args_problem is None and result_problem is None and not d.invalid_args
+            and not d.invalid_result and not d.invalid_base64):
+        return original, original, None  # the usual case: both forms are one (never changed)
+    recorded = Decision(d.kind, d.tool, args, d.reason, result, d.message, d.origin)
     if args_problem is not None or result_problem is not None:
         bad = [b for b, p in ((args, args_problem), (result, result_problem))
                if b is not None and p is not None]
@@ -232,15 +244,15 @@ def _invalid(d: Decision, validator: Any, args_problem: str | None, spec_problem
     if d.origin not in _ORIGINS:
         return f"unknown decision origin {_q(d.origin)}"
     kind = d.kind
-    if kind == DecisionKind.COMPLETE:
+    if kind == _COMPLETE:
         if d.result is not None:
             problem = check_json(d.result)
             if problem is not None:
                 return f"result is not usable JSON: {problem}"
         return None
-    if kind == DecisionKind.FAIL:
+    if kind == _FAIL:
         return None
-    if kind == DecisionKind.TOOL_CALL:
+    if kind == _TOOL_CALL:
         if not d.tool:
             return "tool_call without a tool name"
         if not registered:
@@ -263,7 +275,7 @@ def _propose(s: Session, run: Run, step: Step, decision: Decision,
              current: dict[str, Current | ValueError]) -> Run | None:
     core = s.core
     original, recorded, args_problem = _normalise(decision)
-    found = current.get(original.tool) if original.kind == DecisionKind.TOOL_CALL else None
+    found = current.get(original.tool) if original.kind == _TOOL_CALL else None
     spec: ToolSpec | None = None
     validator: Any = None
     entry: SpecEntry = ("", b"")
@@ -278,7 +290,7 @@ def _propose(s: Session, run: Run, step: Step, decision: Decision,
     with s.tx() as tx:
         stored = s.write_step(tx, new, DECIDING, running=True)
         s.put_spec(tx, *entry)
-        s.append(tx, step.id, now, EventType.STEP_DECIDED, s.decision_json().encode("utf-8"))
+        s.append(tx, step.id, now, _STEP_DECIDED, s.decision_json().encode("utf-8"))
     problem = _invalid(original, validator, args_problem, spec_problem, found is not None)
     if problem is not None:
         obs = observation(ObservationKind.INVALID_DECISION.value, {"error": problem},
@@ -286,11 +298,11 @@ def _propose(s: Session, run: Run, step: Step, decision: Decision,
         s.end_step(StepEnd(evolve(stored, status=StepStatus.FAILED.value, observation=obs),
                            DECIDING, detail=obs.summary))
         return None
-    if original.kind == DecisionKind.COMPLETE:
+    if original.kind == _COMPLETE:
         done = StepEnd(evolve(stored, status=_DONE), DECIDING)
         return s.settle(RUNNING, Ending(RunStatus.COMPLETED.value, Reason.GOAL_COMPLETED.value,
                                         result=original.result or b""), end=done)
-    if original.kind == DecisionKind.FAIL:
+    if original.kind == _FAIL:
         done = StepEnd(evolve(stored, status=_DONE), DECIDING)
         return s.settle(RUNNING, Ending(RunStatus.FAILED.value, Reason.GOAL_FAILED.value,
                                         original.message), end=done)
@@ -365,9 +377,10 @@ def apply(
     """Act on the policy's ruling; shared by the loop and by an approved resume."""
     core = s.core
     from_ = WAITING if grant is not None else RUNNING
-    step = evolve(step, policy_id=core.policy_id)
-    if grant is not None:
-        step = evolve(step, started_at=resumed_at)  # the approval wait is not active time
+    # This function's own copy of the step: changed in place below.
+    step = evolve(step, policy_id=core.policy_id,
+                  # the approval wait is not active time
+                  started_at=resumed_at if grant is not None else step.started_at)
     if perr is not None or pd is None:
         text = str(perr) or type(perr).__name__
         end = StepEnd(evolve(step, status=StepStatus.FAILED.value), expected,
@@ -387,11 +400,11 @@ def apply(
             return s.settle(from_, Ending(RunStatus.FAILED.value, Reason.INTERNAL_ERROR.value,
                                           detail), end=end, pre=[reduced_event],
                             spec_entry=entry)
-    step = evolve(step, policy=pd)
+    step.policy = pd
     event = policy_event(pd, core.policy_id, entry[0], view)
     outcome = pd.outcome
     tool = request.spec.name
-    if outcome == PolicyOutcome.ALLOW or (
+    if outcome == _ALLOW or (
             grant is not None and outcome == PolicyOutcome.REQUIRE_APPROVAL
             and _same_grant(pd, request, grant)):
         return execute(s, step, expected, request, event, policy_at, entry, grant)
@@ -450,12 +463,16 @@ def _end_with_policy(s: Session, end: StepEnd, event: bytes, policy_at: Any, ent
 
 def execute(s: Session, step: Step, expected: tuple[str, ...], request: ToolRequest,
             event: bytes, policy_at: Any, entry: SpecEntry, grant: Approval | None) -> Run | None:
-    """Commit the ruling with the tool's start, run the tool, record what came of it."""
+    """Commit the ruling with the tool's start, run the tool, record what came of it.
+
+    ``step`` is :func:`apply`'s own copy, which becomes the executing step."""
     core = s.core
     wall_at = core.wall()
     start_at = core.now() if grant is not None else policy_at
-    executing = evolve(step, status=EXECUTING[0], started_at=start_at
-                        if grant is not None else step.started_at)
+    executing = step
+    executing.status = EXECUTING[0]
+    if grant is not None:
+        executing.started_at = start_at
     started: dict[str, Any] = (
         {"args": Raw(request.args), "tool": request.spec.name} if grant is None
         else {"approval_id": grant.id, "args": Raw(request.args), "tool": request.spec.name})
@@ -466,8 +483,8 @@ def execute(s: Session, step: Step, expected: tuple[str, ...], request: ToolRequ
             check_run(tx, s.run_id, RUNNING, owner=core.owner, live_at=wall_at)
         stored = s.write_step(tx, executing, expected)
         s.put_spec(tx, *entry)
-        s.append(tx, step.id, policy_at, EventType.STEP_POLICY, event)
-        s.append(tx, step.id, start_at, EventType.STEP_TOOL_STARTED, started)
+        s.append(tx, step.id, policy_at, _STEP_POLICY, event)
+        s.append(tx, step.id, start_at, _STEP_TOOL_STARTED, started)
     if grant is not None:
         s.lease.start(wall_at)
     tool = core.tools[request.spec.name].tool

@@ -78,6 +78,11 @@ def need_approval(
     return PolicyDecision.need_approval(kind, reason, capability, presentation)
 
 
+# Read once: ``Enum.MEMBER`` goes through the enum type's ``__getattr__`` hook,
+# and the default policy rules on every tool call.
+_REQUIRE_APPROVAL = PolicyOutcome.REQUIRE_APPROVAL.value
+
+
 class SideEffectPolicy:
     """Rules by the tool's declared side effect; a class with no rule is denied."""
 
@@ -92,7 +97,7 @@ class SideEffectPolicy:
         if outcome is None:
             return PolicyDecision.deny(f'no policy for side effect "{side}"')
         reason = f"side effect {side} is {outcome} by policy"
-        if outcome == PolicyOutcome.REQUIRE_APPROVAL:
+        if outcome == _REQUIRE_APPROVAL:
             shown = dumps({"args": Raw(request.args or b"{}"), "tool": request.spec.name})
             return PolicyDecision(outcome, reason, side, shown, shown)
         return PolicyDecision(outcome, reason)

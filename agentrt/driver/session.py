@@ -14,11 +14,11 @@ the loop stops there.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from agentrt.canonical import content_hash
 from agentrt.driver.cancel import CancelToken
@@ -42,7 +42,6 @@ from agentrt.gojson import Raw, dumps, sorted_map
 from agentrt.records import (
     Approval,
     ApprovalStatus,
-    Decision,
     Observation,
     ObservationKind,
     PolicyDecision,
@@ -85,26 +84,16 @@ RUNNING = (RunStatus.RUNNING.value,)
 WAITING = (RunStatus.WAITING_FOR_APPROVAL.value,)
 #: What Resume and Cancel accept as "still running" (INTERRUPTED is never written).
 ACTIVE = (RunStatus.RUNNING.value, RunStatus.INTERRUPTED.value)
+# Read once, as in the loop: ``Enum.MEMBER`` goes through the enum type's
+# ``__getattr__`` hook.
+_FAILED = StepStatus.FAILED.value
+_STEP_TOOL_FINISHED = EventType.STEP_TOOL_FINISHED.value
 
 
 def observation(kind: str, fields: dict[str, Any], summary: str) -> Observation:
     """A runtime-built observation: string-only content, so it always encodes."""
     content = encode(sorted_map(fields))
     return Observation(kind, content, summary, content_hash(content))
-
-
-_Part = TypeVar("_Part", Decision, PolicyDecision, Observation)
-
-
-def _part(new: _Part | None, old: _Part | None, old_text: str,
-          make: Callable[[_Part], _Part]) -> tuple[_Part | None, str]:
-    """(stored form, column text) of one JSON part of a step; a part that is the
-    very object last written for this step is reused as it is."""
-    if new is None:
-        return None, ""
-    if new is old:
-        return new, old_text
-    return make(new), encode(new.to_json()).decode("utf-8")
 
 
 _RUN_STATE = (
@@ -127,8 +116,9 @@ def _ms(later: datetime | None, earlier: datetime | None) -> int:
 class StepEnd:
     """How a step ends inside a transaction.
 
-    ``step`` is the step's new state (status, observation, policy); its
-    ``finished_at`` is set from the reading the writer takes. ``tool`` names
+    ``step`` is the step's new state (status, observation, policy), a copy
+    made for this end (``evolve``); its ``finished_at`` is set from the
+    reading the writer takes, and it becomes the stored step. ``tool`` names
     the tool when the step was executing (a ``step.tool_finished`` is written).
     """
 
@@ -173,7 +163,7 @@ class Session:
     worker: Worker = field(default_factory=Worker)
     specs_written: set[str] = field(default_factory=set)
     signatures: dict[str, str] = field(default_factory=dict)
-    _last: tuple[Step, tuple[str, str, str]] | None = None
+    _last: tuple[Step, tuple[str, str, str, str]] | None = None
     _limits_text: str = ""
     _shared: int = 0
     _expires_text: str = ""
@@ -187,9 +177,8 @@ class Session:
         if run is None:
             self.run = self.core.store.get_run(self.run_id)
             return self.run
-        with self.core.store.locked() as conn:
-            row = conn.execute(_RUN_STATE, (self.run_id,)).fetchone()
-        if row is None or row[0] != RunStatus.RUNNING or row[9] != self._limits_text:
+        row = self.core.store.read_row(_RUN_STATE, (self.run_id,))
+        if row is None or row[0] != RUNNING[0] or row[9] != self._limits_text:
             self.run = self.core.store.get_run(self.run_id)
             self._limits_text = str(row[9]) if row is not None else ""
             return self.run
@@ -238,17 +227,6 @@ class Session:
             put_tool_spec(tx, spec_hash, text)
             self.specs_written.add(spec_hash)
 
-    def _cache_step(self, step: Step) -> None:
-        assert self.steps is not None
-        if step.index < len(self.steps):
-            if step.index < self._shared:
-                # A snapshot handed out may cover this step: leave it the old list.
-                self.steps = list(self.steps)
-                self._shared = 0
-            self.steps[step.index] = step
-        else:
-            self.steps.append(step)
-
     def step_snapshot(self, n: int) -> Snapshot[Step]:
         """The first ``n`` steps as consumers see them, at O(1) cost."""
         steps = self.steps or []
@@ -264,21 +242,44 @@ class Session:
         """Insert (``expected`` None) or compare-and-set a step; the cache gets the row
         in its stored form, equal to what a reload decodes.
 
+        ``step`` must be a copy no one else holds (made by ``evolve``): it is
+        turned into the stored form, cached and returned.
+
         A part unchanged since this step's last write (the same object) is neither
         encoded nor converted again. ``running``: the same statement requires the
         run to be RUNNING under this session's lease.
         """
+        # The last write's parts and times, to reuse those that are the very
+        # objects written then (inline: this runs four times a step).
         last = self._last
         if last is not None and last[0].id == step.id:
-            prev, texts = last
-            decision, d_text = _part(step.decision, prev.decision, texts[0], stored_decision)
-            policy, p_text = _part(step.policy, prev.policy, texts[1], stored_policy)
-            observation_, o_text = _part(step.observation, prev.observation, texts[2],
-                                         stored_observation)
+            prev, (d_text, p_text, o_text, s_text) = last
+            prev_decision, prev_policy = prev.decision, prev.policy
+            prev_observation, prev_started = prev.observation, prev.started_at
         else:
-            decision, d_text = _part(step.decision, None, "", stored_decision)
-            policy, p_text = _part(step.policy, None, "", stored_policy)
-            observation_, o_text = _part(step.observation, None, "", stored_observation)
+            d_text = p_text = o_text = s_text = ""
+            prev_decision = prev_policy = prev_observation = prev_started = None
+        decision = step.decision
+        if decision is None:
+            d_text = ""
+        elif decision is not prev_decision:
+            d_text = encode(decision.to_json()).decode("utf-8")
+            decision = stored_decision(decision)
+        policy = step.policy
+        if policy is None:
+            p_text = ""
+        elif policy is not prev_policy:
+            p_text = encode(policy.to_json()).decode("utf-8")
+            policy = stored_policy(policy)
+        observation_ = step.observation
+        if observation_ is None:
+            o_text = ""
+        elif observation_ is not prev_observation:
+            o_text = encode(observation_.to_json()).decode("utf-8")
+            observation_ = stored_observation(observation_)
+        started, finished = step.started_at, step.finished_at
+        if started is not prev_started or started is None:
+            s_text = stored_time(started)
         row = (
             step.id,
             step.run_id,
@@ -288,8 +289,8 @@ class Session:
             p_text,
             o_text,
             observation_.content_hash if observation_ is not None else "",
-            stored_time(step.started_at),
-            stored_time(step.finished_at),
+            s_text,
+            "" if finished is None else stored_time(finished),
             step.spec_hash,
             step.policy_id,
         )
@@ -297,19 +298,30 @@ class Session:
             insert_step(tx, row)
         else:
             update_step(tx, row, expected, running_for=self.core.owner if running else None)
-        stored = Step(step.id, step.run_id, step.index, step.status, decision, policy,
-                      observation_, step.started_at, step.finished_at, step.spec_hash,
-                      step.policy_id)
-        self._last = (stored, (d_text, p_text, o_text))
-        self._cache_step(stored)
-        return stored
+        # The step is the caller's own copy (``evolve``): it becomes the stored
+        # form in place rather than being copied once more.
+        step.decision, step.policy, step.observation = decision, policy, observation_
+        step.decode_error = ""
+        self._last = (step, (d_text, p_text, o_text, s_text))
+        steps = self.steps
+        assert steps is not None
+        index = step.index
+        if index < len(steps):
+            if index < self._shared:
+                # A snapshot handed out may cover this step: leave it the old list.
+                steps = self.steps = list(steps)
+                self._shared = 0
+            steps[index] = step
+        else:
+            steps.append(step)
+        return step
 
     def decision_json(self) -> str:
         """The decision column just written (``step.decided`` carries the same bytes)."""
         assert self._last is not None
         return self._last[1][0]
 
-    def append(self, tx: Tx, step_id: str, at: datetime, type: EventType,
+    def append(self, tx: Tx, step_id: str, at: datetime, type: str,
                payload: bytes | dict[str, Any] | None = None) -> None:
         data = encode(payload) if isinstance(payload, dict) else payload
         tx.append(self.run_id, step_id, at, type, data)  # stored as str(type): its value
@@ -321,12 +333,13 @@ class Session:
         ``running``: the active-time update also checks that the run is RUNNING
         under this session's lease (the run continues, so nothing else checks it).
         """
-        new = evolve(end.step, finished_at=at)
+        new = end.step  # the end's own copy (see StepEnd)
+        new.finished_at = at
         add_active_ms(tx, self.run_id, _ms(at, new.started_at),
                       running_for=self.core.owner if running else None)
-        stored = self.write_step(tx, new, end.expected)
         obs = new.observation
-        failed = new.status == StepStatus.FAILED
+        stored = self.write_step(tx, new, end.expected)
+        failed = new.status == _FAILED
         if end.tool:
             if failed:
                 finished: dict[str, Any] = {
@@ -341,7 +354,7 @@ class Session:
                     "summary": obs.summary if obs is not None else "",
                     "tool": end.tool,
                 }
-            self.append(tx, new.id, at, EventType.STEP_TOOL_FINISHED, finished)
+            self.append(tx, new.id, at, _STEP_TOOL_FINISHED, finished)
         if failed:
             if obs is not None:
                 self.append(tx, new.id, at, EventType.STEP_FAILED, {

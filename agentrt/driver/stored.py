@@ -53,22 +53,44 @@ def stored_raw(data: bytes | None) -> bytes | None:
 stored_time = format_time
 
 
+def _ascii(*texts: str) -> bool:
+    """Whether every text is ASCII, which reads back as it is (False for a value
+    that is not text: the field by field conversion then fails as it always did)."""
+    try:
+        return "".join(texts).isascii()
+    except TypeError:
+        return False
+
+
 def stored_decision(d: Decision) -> Decision:
+    """The decision as it reads back: ``d`` itself when it already does (the usual
+    case: ASCII text, raw JSON compact and escaped), so pass a copy you own."""
+    args, result = stored_raw(d.args), stored_raw(d.result)
+    if (args is d.args and result is d.result and type(d.invalid_base64) is bool
+            and _ascii(d.kind, d.tool, d.reason, d.message, d.origin, d.invalid_args,
+                       d.invalid_result)):
+        return d
     t = stored_text
-    return Decision(t(d.kind), t(d.tool), stored_raw(d.args), t(d.reason), stored_raw(d.result),
+    return Decision(t(d.kind), t(d.tool), args, t(d.reason), result,
                     t(d.message), t(d.origin), t(d.invalid_args), t(d.invalid_result),
                     bool(d.invalid_base64))
 
 
 def stored_policy(p: PolicyDecision) -> PolicyDecision:
+    """Always a copy: ``p`` is the policy's own object, which it may change later."""
     t = stored_text
     return PolicyDecision(t(p.outcome), t(p.reason), t(p.kind), stored_raw(p.capability),
                           stored_raw(p.presentation))
 
 
 def stored_observation(o: Observation) -> Observation:
+    """The observation as it reads back: ``o`` itself when it already does, as
+    :func:`stored_decision`."""
+    content = stored_raw(o.content)
+    if content is o.content and _ascii(o.kind, o.summary, o.content_hash):
+        return o
     t = stored_text
-    return Observation(t(o.kind), stored_raw(o.content), t(o.summary), t(o.content_hash))
+    return Observation(t(o.kind), content, t(o.summary), t(o.content_hash))
 
 
 _KEEP: Any = object()

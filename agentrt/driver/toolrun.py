@@ -81,7 +81,7 @@ def run_tool(worker: Worker, tool: Tool, spec: ToolSpec, run_id: str, step_id: s
     call = ToolCall(run_id, step_id, args, token)
     started = monotonic()
     try:
-        out = worker.call(lambda: tool.call(call), timeout)
+        out = worker.call(tool.call, timeout, call)
     finally:
         caller.release(token)
     duration_ms = int((monotonic() - started) * 1000)

@@ -9,6 +9,7 @@ costs a hand-off, not a thread start.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -20,43 +21,57 @@ __all__ = ["Outcome", "Worker", "call_in_thread"]
 class Outcome:
     """Filled in by the worker: the value, or the exception the call raised.
 
-    A plain lock stands for "not done yet": cheaper to hand over than an Event,
-    and a step hands one over per tool call.
+    ``done`` is a plain lock held until then (cheaper to hand over than an
+    Event); a worker thread keeps one for all its calls, as it runs one at a
+    time, so a step's tool call allocates no lock.
     """
 
-    __slots__ = ("_pending", "error", "value")
+    __slots__ = ("done", "error", "value")
 
-    def __init__(self) -> None:
-        self._pending = threading.Lock()
-        self._pending.acquire()
+    def __init__(self, done: threading.Lock | None = None) -> None:
+        if done is None:
+            done = threading.Lock()
+            done.acquire()
+        self.done = done
         self.value: Any = None
         self.error: BaseException | None = None
 
-    def finish(self) -> None:
-        self._pending.release()
-
     def wait(self, timeout: float | None) -> bool:
-        """True once finished; False when ``timeout`` seconds passed first."""
-        if self._pending.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
-            self._pending.release()
-            return True
-        return False
+        """True once finished; False when ``timeout`` seconds passed first. Only
+        one wait may succeed: it takes the finished signal."""
+        return self.done.acquire(True, -1 if timeout is None else max(timeout, 0.0))
 
 
-def _run(fn: Callable[[], Any], out: Outcome) -> None:
+def _run(out: Outcome, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
     try:
-        out.value = fn()
+        out.value = fn(*args)
     except BaseException as exc:  # noqa: BLE001 - the caller classifies it
         out.error = exc
     finally:
-        out.finish()
+        out.done.release()
+
+
+# Threads do not survive a fork: a worker started before one is not used after it.
+_forks = 0
+
+
+def _count_fork() -> None:
+    global _forks
+    _forks += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_count_fork)
 
 
 class _Thread(threading.Thread):
     def __init__(self, name: str) -> None:
         super().__init__(name=name, daemon=True)
-        self.jobs: queue.SimpleQueue[tuple[Callable[[], Any], Outcome] | None] = (
-            queue.SimpleQueue())
+        self.jobs: queue.SimpleQueue[
+            tuple[Outcome, Callable[..., Any], tuple[Any, ...]] | None] = queue.SimpleQueue()
+        self.done = threading.Lock()
+        self.done.acquire()
+        self.forks = _forks
         self.abandoned = False
 
     def run(self) -> None:
@@ -77,14 +92,14 @@ class Worker:
         self._name = name
         self._thread: _Thread | None = None
 
-    def call(self, fn: Callable[[], Any], timeout: float | None) -> Outcome | None:
-        """The finished outcome, or None when ``timeout`` seconds passed first."""
+    def call(self, fn: Callable[..., Any], timeout: float | None, *args: Any) -> Outcome | None:
+        """``fn(*args)``'s finished outcome, or None when ``timeout`` seconds passed first."""
         thread = self._thread
-        if thread is None or not thread.is_alive():
+        if thread is None or thread.forks != _forks:
             thread = self._thread = _Thread(self._name)
             thread.start()
-        out = Outcome()
-        thread.jobs.put((fn, out))
+        out = Outcome(thread.done)
+        thread.jobs.put((out, fn, args))
         if out.wait(timeout):
             return out
         thread.abandoned = True
@@ -101,5 +116,5 @@ class Worker:
 def call_in_thread(fn: Callable[[], Any], timeout: float | None, name: str) -> Outcome | None:
     """One call on its own thread; None when ``timeout`` seconds passed first."""
     out = Outcome()
-    threading.Thread(target=_run, args=(fn, out), name=name, daemon=True).start()
+    threading.Thread(target=_run, args=(out, fn, ()), name=name, daemon=True).start()
     return out if out.wait(timeout) else None

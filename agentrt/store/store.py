@@ -145,6 +145,12 @@ class Store:
         """The connection under the store's lock, for a sequence of reads."""
         return _Locked(self._conn, self._lock)
 
+    def read_row(self, sql: str, params: tuple[Any, ...]) -> Any:
+        """The first row of one query, or None, under the store's lock: the loop's
+        once-a-step read of the run, without a context manager's two calls."""
+        with self._lock:
+            return self._conn.execute(sql, params).fetchone()
+
     @contextmanager
     def lease_connection(self) -> Iterator[apsw.Connection]:
         """The heartbeat's connection (the main one for in-memory stores)."""

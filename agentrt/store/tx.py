@@ -160,10 +160,13 @@ class Tx:
         its rows can be read while other statements run."""
         return self._conn.execute(sql, params)
 
-    def run(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> None:
+    def run(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> int:
         """Run one statement that returns no rows (an INSERT or UPDATE without
-        RETURNING): cheaper than :meth:`execute`, as it reuses one cursor."""
+        RETURNING): cheaper than :meth:`execute`, as it reuses one cursor.
+        Returns the rows it changed (as :meth:`changes` would, one call less
+        for a compare-and-set write)."""
         self._cur.execute(sql, params)
+        return self._conn.changes()
 
     def one(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()
             ) -> tuple[Any, ...] | None:
@@ -207,12 +210,14 @@ class Tx:
                 seq = int(row[0])
                 self._head_hash = str(row[1] or "")
         seq += 1
-        data = encode_payload(payload)
+        # Encoded bytes, the usual payload, need no call to pass as they are.
+        data = (payload if isinstance(payload, bytes) and payload.strip()
+                else encode_payload(payload))
         run_id, step_id, type = str(run_id), str(step_id), str(type)
         at_text = format_time(at)
-        digest = chain_hash(self._head_hash, seq, run_id, step_id, at_text, type, data)
-        self._cur.execute(_INSERT_EVENT_SQL,
-                          (seq, run_id, step_id, at_text, type, data.decode("utf-8"), digest))
+        text = data.decode("utf-8")  # as stored, and hashed as these UTF-8 bytes
+        digest = chain_hash(self._head_hash, seq, run_id, step_id, at_text, type, text)
+        self._cur.execute(_INSERT_EVENT_SQL, (seq, run_id, step_id, at_text, type, text, digest))
         self._head_seq = seq
         self._head_hash = digest
         # Event's own constructor would format ``at`` again; the fields are final.

@@ -2,8 +2,8 @@
 
 Each function runs inside a :class:`~agentrt.store.tx.Tx` the caller opened,
 so the rows it changes commit with the events the caller appends (through
-``Tx.run``, as no statement here returns rows). Status
-changes are compare-and-set: an UPDATE names the state it expects, and when
+``Tx.run``, as no statement here returns rows; it returns the rows changed).
+Status changes are compare-and-set: an UPDATE names the state it expects, and when
 no row matched, the run is read again to say why (another status, another
 lease owner, an expired lease). That is what makes two resumes of one
 approved run execute its tool once, and an operator's cancel win over a loop
@@ -203,25 +203,25 @@ def transition(
     if owner is not None:
         lease_clause = " AND (status != 'RUNNING' OR lease_owner = ?)"
         params.append(owner)
-    tx.run(
+    changed = tx.run(
         "UPDATE runs SET status = ?, reason = ?, reason_detail = ?, finished_at = ?, "
         "result_json = ?, lease_owner = ?, lease_expires_at = ? "
         f"WHERE id = ? AND status IN ({_marks(len(from_statuses))}){lease_clause}",
         tuple(params),
     )
-    if tx.changes() == 0:
+    if changed == 0:
         check_run(tx, run_id, from_statuses, owner=owner)
         raise RunStateError(f"run {run_id} changed under the transition")  # pragma: no cover
 
 
 def start_step(tx: Tx, run_id: str, index: int, owner: str) -> None:
     """Count a new step, only if the run is still RUNNING, held by ``owner``, at ``index``."""
-    tx.run(
+    changed = tx.run(
         "UPDATE runs SET step_count = step_count + 1 WHERE id = ? AND status = 'RUNNING' "
         "AND step_count = ? AND lease_owner = ?",
         (run_id, index, owner),
     )
-    if tx.changes() == 0:
+    if changed == 0:
         check_run(tx, run_id, (RUNNING,), owner=owner)
         raise RunStateError(f"run {run_id} has moved past step {index}")
 
@@ -241,12 +241,12 @@ def add_active_ms(tx: Tx, run_id: str, ms: int, *, running_for: str | None = Non
                 (MAX_INT64, ms, MAX_INT64, ms, run_id),
             )
         return
-    tx.run(
+    changed = tx.run(
         "UPDATE runs SET active_ms = CASE WHEN active_ms > ? - ? THEN ? "
         "ELSE active_ms + ? END WHERE id = ? AND status = 'RUNNING' AND lease_owner = ?",
         (MAX_INT64, ms, MAX_INT64, ms, run_id, running_for),
     )
-    if tx.changes() == 0:
+    if changed == 0:
         check_run(tx, run_id, (RUNNING,), owner=running_for)
         raise RunStateError(f"run {run_id} changed under the write")  # pragma: no cover
 
@@ -379,11 +379,11 @@ def update_step(tx: Tx, row: Sequence[Any], expected: Sequence[str], *,
     """
     step_id = row[0]
     if running_for is None:
-        tx.run(_update_step_sql(len(expected), False), (*row[3:], step_id, *expected))
+        changed = tx.run(_update_step_sql(len(expected), False), (*row[3:], step_id, *expected))
     else:
-        tx.run(_update_step_sql(len(expected), True),
-                   (*row[3:], step_id, *expected, row[1], running_for))
-    if tx.changes() == 0:
+        changed = tx.run(_update_step_sql(len(expected), True),
+                         (*row[3:], step_id, *expected, row[1], running_for))
+    if changed == 0:
         if running_for is not None:
             check_run(tx, str(row[1]), (RUNNING,), owner=running_for)
         raise _step_not_in(tx, step_id, expected)
