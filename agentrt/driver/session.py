@@ -14,11 +14,11 @@ the loop stops there.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from agentrt.canonical import content_hash
 from agentrt.driver.cancel import CancelToken
@@ -42,6 +42,7 @@ from agentrt.gojson import Raw, dumps, sorted_map
 from agentrt.records import (
     Approval,
     ApprovalStatus,
+    Decision,
     Observation,
     ObservationKind,
     PolicyDecision,
@@ -94,6 +95,24 @@ def observation(kind: str, fields: dict[str, Any], summary: str) -> Observation:
     """A runtime-built observation: string-only content, so it always encodes."""
     content = encode(sorted_map(fields))
     return Observation(kind, content, summary, content_hash(content))
+
+
+_Part = TypeVar("_Part", Decision, PolicyDecision, Observation)
+
+
+def _part(new: _Part | None, old: _Part | None, old_text: str,
+          make: Callable[[_Part], _Part]) -> tuple[_Part | None, str]:
+    """(stored form, column text) of one JSON part of a step; a part that is the
+    very object last written for this step is reused as it is."""
+    if new is None:
+        return None, ""
+    if new is old:
+        return new, old_text
+    return make(new), encode(new.to_json()).decode("utf-8")
+
+
+#: Stands for "no earlier write of this step": no part or time is reused from it.
+_NOTHING_WRITTEN = Step("", "", 0, "")
 
 
 _RUN_STATE = (
@@ -227,6 +246,18 @@ class Session:
             put_tool_spec(tx, spec_hash, text)
             self.specs_written.add(spec_hash)
 
+    def _cache_step(self, step: Step) -> None:
+        steps = self.steps
+        assert steps is not None
+        if step.index < len(steps):
+            if step.index < self._shared:
+                # A snapshot handed out may cover this step: leave it the old list.
+                steps = self.steps = list(steps)
+                self._shared = 0
+            steps[step.index] = step
+        else:
+            steps.append(step)
+
     def step_snapshot(self, n: int) -> Snapshot[Step]:
         """The first ``n`` steps as consumers see them, at O(1) cost."""
         steps = self.steps or []
@@ -249,36 +280,17 @@ class Session:
         encoded nor converted again. ``running``: the same statement requires the
         run to be RUNNING under this session's lease.
         """
-        # The last write's parts and times, to reuse those that are the very
-        # objects written then (inline: this runs four times a step).
         last = self._last
         if last is not None and last[0].id == step.id:
             prev, (d_text, p_text, o_text, s_text) = last
-            prev_decision, prev_policy = prev.decision, prev.policy
-            prev_observation, prev_started = prev.observation, prev.started_at
-        else:
-            d_text = p_text = o_text = s_text = ""
-            prev_decision = prev_policy = prev_observation = prev_started = None
-        decision = step.decision
-        if decision is None:
-            d_text = ""
-        elif decision is not prev_decision:
-            d_text = encode(decision.to_json()).decode("utf-8")
-            decision = stored_decision(decision)
-        policy = step.policy
-        if policy is None:
-            p_text = ""
-        elif policy is not prev_policy:
-            p_text = encode(policy.to_json()).decode("utf-8")
-            policy = stored_policy(policy)
-        observation_ = step.observation
-        if observation_ is None:
-            o_text = ""
-        elif observation_ is not prev_observation:
-            o_text = encode(observation_.to_json()).decode("utf-8")
-            observation_ = stored_observation(observation_)
+        else:  # a new step: nothing to reuse
+            prev, (d_text, p_text, o_text, s_text) = _NOTHING_WRITTEN, ("", "", "", "")
+        decision, d_text = _part(step.decision, prev.decision, d_text, stored_decision)
+        policy, p_text = _part(step.policy, prev.policy, p_text, stored_policy)
+        observation_, o_text = _part(step.observation, prev.observation, o_text,
+                                     stored_observation)
         started, finished = step.started_at, step.finished_at
-        if started is not prev_started or started is None:
+        if started is not prev.started_at or started is None:
             s_text = stored_time(started)
         row = (
             step.id,
@@ -303,17 +315,7 @@ class Session:
         step.decision, step.policy, step.observation = decision, policy, observation_
         step.decode_error = ""
         self._last = (step, (d_text, p_text, o_text, s_text))
-        steps = self.steps
-        assert steps is not None
-        index = step.index
-        if index < len(steps):
-            if index < self._shared:
-                # A snapshot handed out may cover this step: leave it the old list.
-                steps = self.steps = list(steps)
-                self._shared = 0
-            steps[index] = step
-        else:
-            steps.append(step)
+        self._cache_step(step)
         return step
 
     def decision_json(self) -> str:
