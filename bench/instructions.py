@@ -1,14 +1,17 @@
-"""Instructions one driver step (and one appended event) executes, counted by valgrind.
+"""Instructions a unit of work executes (a driver step, an appended event, an
+event read or exported), counted by valgrind.
 
 Wall-clock ratios on a shared host move by a third from one run to the next;
 the instruction count of a deterministic workload does not, so it shows the
-effect of a change to the Python the step runs. Each figure is the difference
+effect of a change to the Python a unit runs. Each figure is the difference
 between two runs of the same workload, N2 and N1 units long, divided by
 N2 - N1, so start-up and imports cancel out. Commits are not synced here
 (synchronous=OFF): the disk is the other benchmarks' business. Valgrind's CPU
 lacks SHA extensions, so sha256 weighs more here than on the real CPU.
 
     python -m bench.instructions [--what step,append,bare]     # needs valgrind
+    python -m bench.instructions --what page-bare,page-cast,page-events,page
+    python -m bench.instructions --what export,follow,sqlite3-json
 
 ``step``: a step of the scripted agent with a trivial tool, as in
 ``bench_driver``; ``append``: ``with store.tx() as tx: tx.append(...)``, as in
