@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import os
+import sys
 import threading
 import time
 from datetime import UTC, datetime
@@ -228,6 +229,64 @@ def test_live_follow_delivers_a_later_commit_and_stops_cleanly(db_path):
     assert not thread.is_alive()
     assert [e.run_id for e in got[2:]] == ["later"] * 3
     assert cursor.load() == got[-1].seq
+
+
+def test_without_inotify_live_follow_polls_every_5_ms_and_delivers(db_path, monkeypatch):
+    import agentrt_export.wake as wake
+    from agentrt_export.follower import POLL_INTERVAL
+
+    monkeypatch.setattr(wake, "_libc", lambda: None)  # as where inotify is missing
+    assert wake.open_waiter(db_path + ".x").notifies is False
+    timeouts: list[float] = []
+    plain_wait = wake.ChangeWaiter.wait
+
+    def spy(self, timeout, stop):
+        timeouts.append(timeout)
+        return plain_wait(self, timeout, stop)
+
+    monkeypatch.setattr(wake.ChangeWaiter, "wait", spy)
+    writer = make_db(db_path, runs=1, events_per_run=2)
+    assert wake.open_waiter(db_path).notifies is False
+    got: list[Event] = []
+    stop = threading.Event()
+    thread = threading.Thread(target=Follower(open_existing(db_path)).follow,
+                              args=(got.append, stop))
+    thread.start()
+    deadline = time.monotonic() + 10
+    while (len(got) < 2 or not timeouts) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    add_run(writer, "later", 3)
+    while len(got) < 5 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    stop.set()
+    thread.join(5)
+    assert not thread.is_alive()
+    assert [e.run_id for e in got[2:]] == ["later"] * 3
+    assert timeouts and set(timeouts) == {POLL_INTERVAL} and POLL_INTERVAL == 0.005
+
+
+@pytest.mark.parametrize("inotify", [True, False])
+def test_interval_bounds_every_wait_with_or_without_inotify(db_path, monkeypatch, inotify):
+    import agentrt_export.wake as wake
+
+    if not inotify:
+        monkeypatch.setattr(wake, "_libc", lambda: None)
+    make_db(db_path, runs=1, events_per_run=2)
+    waiter = type(wake.open_waiter(db_path))
+    assert waiter.notifies is inotify or not sys.platform.startswith("linux")
+    timeouts: list[float] = []
+    real_wait = waiter.wait
+
+    def spy(self, timeout, stop):
+        timeouts.append(timeout)
+        return real_wait(self, timeout, stop)
+
+    monkeypatch.setattr(waiter, "wait", spy)
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    got = collect(Follower(open_existing(db_path), interval=0.02), stop=stop)
+    assert len(got) == 2
+    assert timeouts and set(timeouts) == {0.02}
 
 
 def test_live_follow_sees_commits_on_the_same_connection(tmp_path):
