@@ -402,6 +402,33 @@ def test_short_text_is_kept_whole() -> None:
         "publish with approval")
 
 
+def test_ids_hashes_and_statuses_are_carried_whole_past_the_text_cap() -> None:
+    run_id, step_id, call_id, approval_id = ("r" * 40, "s" * 40, "c" * 40, "a" * 40)
+    long_hash = "f" * 64
+    s = EventStream(run_id)
+    s.run_created("g" * 100)
+    s.step_started(step_id, 0)
+    s.step_decided(step_id, Decision.tool_call("publish", b"{}"))
+    s.model_dispatched(step_id, call_id, 1)
+    s.model_result(step_id, call_id, 1)
+    s.step_policy(step_id, PolicyDecision.need_approval("tool_approval", "r"),
+                  policy_id="p" * 40, spec_hash=long_hash)
+    s.approval_requested(step_id, approval_id, "tool_approval")
+    s.approval_decided(step_id, approval_id, "approved", by="op")
+    s.run_finished("COMPLETED", "goal_completed")
+    spans = spans_of(s, SpanMapper(max_text=16))
+    whole = {"agentrt.run.id": run_id, "agentrt.step.id": step_id,
+             "agentrt.model.call_id": call_id, "agentrt.approval.id": approval_id,
+             "agentrt.policy.id": "p" * 40, "agentrt.policy.spec_hash": long_hash}
+    seen = {k: v for sp in spans for k, v in sp.attributes.items() if k in whole}
+    assert seen == whole
+    hashes = [v for sp in spans for k, v in sp.attributes.items() if k.endswith("hash")]
+    assert hashes and all(len(str(h)) == 64 for h in hashes)
+    statuses = [v for sp in spans for k, v in sp.attributes.items() if k.endswith("status")]
+    assert "COMPLETED" in statuses and "approved" in statuses
+    assert "…[truncated" in str(one(spans, "agentrt.run").attributes["agentrt.run.goal"])
+
+
 # -- GenAI and OpenInference conventions ------------------------------------
 
 def test_runs_tool_steps_and_model_calls_carry_the_genai_conventions() -> None:
