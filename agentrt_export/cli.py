@@ -215,6 +215,7 @@ def otel(endpoint: str | None, protocol: str | None, headers: tuple[str, ...],
     variables; flags override them.
     """
     from agentrt_otel import ConfigError, ExportStopped, OTelSink, build_exporter, resolve_config
+    from agentrt_otel.complaints import ExporterComplaints
 
     settings = settings_from(**kw)
     try:
@@ -223,10 +224,19 @@ def otel(endpoint: str | None, protocol: str | None, headers: tuple[str, ...],
         exporter = build_exporter(config)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
+    # The SDK logs every failed attempt in several lines; one line per outage,
+    # naming the collector and the cause, is written by the sink instead.
+    complaints = ExporterComplaints().install()
+
+    def explain() -> str:
+        reason = complaints.reason()
+        return f"{config.endpoint}: {reason}" if reason else f"{config.endpoint} refused them"
+
     sinks: list[OTelSink] = []
 
     def make_sink(store: Store, stop: threading.Event) -> Sink:
-        sink = OTelSink(exporter, source=store, resource=config.resource(), stop=stop)
+        sink = OTelSink(exporter, source=store, resource=config.resource(), stop=stop,
+                        explain=explain)
         sinks.append(sink)
         return sink
 
@@ -235,6 +245,7 @@ def otel(endpoint: str | None, protocol: str | None, headers: tuple[str, ...],
     finally:
         for sink in sinks:
             sink.close()
+        complaints.uninstall()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -42,7 +42,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from opentelemetry.sdk.resources import Resource
@@ -88,7 +88,9 @@ class OTelSink:
 
     ``exporter`` None (``OTEL_TRACES_EXPORTER=none``) maps and discards.
     ``source`` is a read-only store used to rebuild spans whose start came
-    before this process did (see :class:`SpanMapper`).
+    before this process did (see :class:`SpanMapper`). ``explain`` says why
+    the exporter last reported FAILURE (see :mod:`agentrt_otel.complaints`),
+    for the line logged when an outage begins.
     """
 
     def __init__(
@@ -102,6 +104,7 @@ class OTelSink:
         max_batch: int = 512,
         max_text: int = DEFAULT_MAX_TEXT,
         mapper: SpanMapper | None = None,
+        explain: Callable[[], str] | None = None,
     ) -> None:
         if max_batch <= 0:
             raise ValueError(f"otel: max_batch {max_batch} must be positive")
@@ -112,6 +115,7 @@ class OTelSink:
         self._stop = stop if stop is not None else threading.Event()
         self._backoff = backoff if backoff is not None else Backoff()
         self._max_batch = max_batch
+        self._explain = explain
         self._pending: list[list[ReadableSpan]] = []
         self._mapped_seq = 0
         self._exported = 0
@@ -169,7 +173,9 @@ class OTelSink:
             result = self._exporter.export(batch)
         except Exception as err:  # an exporter bug must not skip spans either
             return False, f"{type(err).__name__}: {err}"
-        return result is SpanExportResult.SUCCESS, "the exporter reported FAILURE"
+        if result is SpanExportResult.SUCCESS:
+            return True, ""
+        return False, (self._explain() if self._explain else "") or "the exporter reported FAILURE"
 
     def _send(self) -> None:
         """Send pending batches in order until none is left. One outage logs
@@ -193,8 +199,8 @@ class OTelSink:
             delay = self._backoff.delay(self._failures)
             self._failures += 1
             if self._stop.is_set() or self._closed or self._stop.wait(delay):
-                raise ExportStopped(f"{self.pending} spans were not accepted after "
-                                    f"{self._failures} attempts")
+                attempts = f"{self._failures} attempt{'s' if self._failures != 1 else ''}"
+                raise ExportStopped(f"{self.pending} spans were not accepted after {attempts}")
 
     def close(self) -> None:
         """Stop and shut the exporter down; safe to call twice, from any thread."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -102,6 +103,14 @@ def test_otel_command_waits_out_a_collector_outage_without_moving_the_cursor(tmp
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert b"stopped" in err and b"Traceback" not in err
+    # One line for the outage, naming the collector and the cause; the SDK's
+    # own lines for each attempt are not printed.
+    began = [line for line in err.decode().splitlines() if "failed (" in line]
+    assert len(began) == 1
+    assert re.fullmatch(r"otel: exporting \d+ spans failed \(http://127\.0\.0\.1:"
+                        f"{port}" r"/v1/traces: Connection refused\); retrying with backoff, "
+                        r"the cursor stays before this page", began[0]), began
+    assert b"Transient error" not in err and b"HTTPConnectionPool" not in err
     assert not cursor.exists()
     with HttpReceiver(port) as receiver:
         receiver.fail_next(3)  # and a flaky one once it is back

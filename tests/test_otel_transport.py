@@ -146,6 +146,14 @@ def test_recovery_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
     assert "after 3 failed attempts" in recovered[0].getMessage()
 
 
+def test_the_outage_line_says_why_the_exporter_failed(caplog: pytest.LogCaptureFixture) -> None:
+    exporter = FakeExporter([SpanExportResult.FAILURE])
+    OTelSink(exporter, backoff=FAST, explain=lambda: "collector:4318: Connection refused"
+             ).handle_page(events())
+    failed = [r.getMessage() for r in caplog.records if "retrying with backoff" in r.getMessage()]
+    assert len(failed) == 1 and "(collector:4318: Connection refused)" in failed[0]
+
+
 def test_close_stops_and_shuts_the_exporter_down_once() -> None:
     exporter = FakeExporter()
     sink = OTelSink(exporter)
