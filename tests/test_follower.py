@@ -209,17 +209,15 @@ def test_follower_holds_no_read_transaction_while_the_sink_runs(db_path):
     assert checkpoints and set(checkpoints) == {0}
 
 
-def test_live_follow_delivers_a_later_commit_and_stops_cleanly(db_path):
-    writer = make_db(db_path, runs=1, events_per_run=2)
-    reader = open_existing(db_path)
-    cursor = MemoryCursor()
+def follow_a_later_commit(follower, writer, ready=lambda: True) -> list[Event]:
+    """Follow live: wait for the two events already there (and ``ready()``),
+    commit a run of three more, stop once they arrived."""
     got: list[Event] = []
     stop = threading.Event()
-    thread = threading.Thread(target=Follower(reader, cursor=cursor).follow,
-                              args=(got.append, stop))
+    thread = threading.Thread(target=follower.follow, args=(got.append, stop))
     thread.start()
     deadline = time.monotonic() + 10
-    while len(got) < 2 and time.monotonic() < deadline:
+    while (len(got) < 2 or not ready()) and time.monotonic() < deadline:
         time.sleep(0.005)
     add_run(writer, "later", 3)
     while len(got) < 5 and time.monotonic() < deadline:
@@ -228,6 +226,26 @@ def test_live_follow_delivers_a_later_commit_and_stops_cleanly(db_path):
     thread.join(5)
     assert not thread.is_alive()
     assert [e.run_id for e in got[2:]] == ["later"] * 3
+    return got
+
+
+def spy_on_waits(monkeypatch, waiter: type) -> list[float]:
+    """The timeout of every wait ``waiter`` is asked for from now on."""
+    timeouts: list[float] = []
+    real_wait = waiter.wait
+
+    def spy(self, timeout, stop):
+        timeouts.append(timeout)
+        return real_wait(self, timeout, stop)
+
+    monkeypatch.setattr(waiter, "wait", spy)
+    return timeouts
+
+
+def test_live_follow_delivers_a_later_commit_and_stops_cleanly(db_path):
+    writer = make_db(db_path, runs=1, events_per_run=2)
+    cursor = MemoryCursor()
+    got = follow_a_later_commit(Follower(open_existing(db_path), cursor=cursor), writer)
     assert cursor.load() == got[-1].seq
 
 
@@ -236,32 +254,10 @@ def test_without_inotify_live_follow_polls_every_5_ms_and_delivers(db_path, monk
     from agentrt_export.follower import POLL_INTERVAL
 
     monkeypatch.setattr(wake, "_libc", lambda: None)  # as where inotify is missing
-    assert wake.open_waiter(db_path + ".x").notifies is False
-    timeouts: list[float] = []
-    plain_wait = wake.ChangeWaiter.wait
-
-    def spy(self, timeout, stop):
-        timeouts.append(timeout)
-        return plain_wait(self, timeout, stop)
-
-    monkeypatch.setattr(wake.ChangeWaiter, "wait", spy)
     writer = make_db(db_path, runs=1, events_per_run=2)
     assert wake.open_waiter(db_path).notifies is False
-    got: list[Event] = []
-    stop = threading.Event()
-    thread = threading.Thread(target=Follower(open_existing(db_path)).follow,
-                              args=(got.append, stop))
-    thread.start()
-    deadline = time.monotonic() + 10
-    while (len(got) < 2 or not timeouts) and time.monotonic() < deadline:
-        time.sleep(0.005)
-    add_run(writer, "later", 3)
-    while len(got) < 5 and time.monotonic() < deadline:
-        time.sleep(0.005)
-    stop.set()
-    thread.join(5)
-    assert not thread.is_alive()
-    assert [e.run_id for e in got[2:]] == ["later"] * 3
+    timeouts = spy_on_waits(monkeypatch, wake.ChangeWaiter)
+    follow_a_later_commit(Follower(open_existing(db_path)), writer, ready=lambda: timeouts)
     assert timeouts and set(timeouts) == {POLL_INTERVAL} and POLL_INTERVAL == 0.005
 
 
@@ -274,14 +270,7 @@ def test_interval_bounds_every_wait_with_or_without_inotify(db_path, monkeypatch
     make_db(db_path, runs=1, events_per_run=2)
     waiter = type(wake.open_waiter(db_path))
     assert waiter.notifies is inotify or not sys.platform.startswith("linux")
-    timeouts: list[float] = []
-    real_wait = waiter.wait
-
-    def spy(self, timeout, stop):
-        timeouts.append(timeout)
-        return real_wait(self, timeout, stop)
-
-    monkeypatch.setattr(waiter, "wait", spy)
+    timeouts = spy_on_waits(monkeypatch, waiter)
     stop = threading.Event()
     threading.Timer(0.3, stop.set).start()
     got = collect(Follower(open_existing(db_path), interval=0.02), stop=stop)
