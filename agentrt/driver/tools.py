@@ -271,33 +271,19 @@ class RegisteredTool:
     """A tool as the driver keeps it: its spec re-read per step, the spec's recorded
     form (hash and canonical text) and its compiled schema, cached by value."""
 
-    __slots__ = ("_entries", "_fixed", "name", "tool")
+    __slots__ = ("_entries", "name", "tool")
 
     def __init__(self, tool: Tool, name: str) -> None:
         self.tool = tool
         self.name = name
         self._entries: dict[tuple[Any, ...], tuple[str, bytes, Any]] = {}
-        self._fixed: tuple[ToolSpec, str, bytes, Any] | None = None
 
     def current(self) -> tuple[ToolSpec, str, bytes, jsonschema.protocols.Validator]:
         """(spec, spec hash, canonical spec text, validator) as the tool states it now.
 
         Raises ValueError when the spec the tool now returns cannot be compiled.
-        A FuncTool's spec never changes and its ``spec()`` is only a copy of it,
-        so its entry is kept with the FuncTool's own spec, which the driver
-        never hands out (consumers get copies): one copy and lookup fewer per
-        tool and step.
         """
-        if self._fixed is not None:
-            return self._fixed
-        tool = self.tool
-        if type(tool) is FuncTool:
-            spec = tool._spec
-            validator = compile_schema(spec.input_schema)
-            spec_hash, text = spec.spec_hash()
-            self._fixed = (spec, spec_hash, text, validator)
-            return self._fixed
-        spec = tool.spec()
+        spec = self.tool.spec()
         key = (spec.name, spec.description, spec.input_schema, spec.side_effect,
                spec.timeout, spec.terminal)
         entry = self._entries.get(key)
