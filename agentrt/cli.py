@@ -271,6 +271,15 @@ def page_size(limit: int) -> int:
     return min(limit, PAGE_SIZE) if limit else PAGE_SIZE
 
 
+def _table(out: Out, header: Sequence[str], pages: Pages[Any],
+           row: Callable[[Any], Sequence[str]]) -> None:
+    """Every page as aligned table lines, one page in memory at a time."""
+    table = Table(header)
+    for page in pages.pages():
+        for line in table.page([row(item) for item in page]):
+            out.line(line)
+
+
 def _trail(out: Out, noun: str, pages: Pages[Any]) -> None:
     line = trailer(noun, pages.offset, pages.returned, pages.total)
     if line is not None:
@@ -351,10 +360,7 @@ def runs(limit: int, offset: int, db: str | None, as_json: bool) -> None:
         if pages.total == 0:
             out.line("no runs")
             return
-        table = Table(RUNS_HEADER)
-        for page in pages.pages():
-            for line in table.page([run_row(r) for r in page]):
-                out.line(line)
+        _table(out, RUNS_HEADER, pages, run_row)
         if not pages.returned:
             out.line(f"no runs at offset {offset}; there are {pages.total}")
         _trail(out, "run", pages)
@@ -418,10 +424,7 @@ def show(run_id: str, limit: int, offset: int, db: str | None, as_json: bool) ->
         if steps.total == 0:
             out.line("no steps")
             return
-        table = Table(STEPS_HEADER)
-        for step_page in steps.pages():
-            for line in table.page([step_row(st) for st in step_page]):
-                out.line(line)
+        _table(out, STEPS_HEADER, steps, step_row)
         _trail(out, "step", steps)
 
 
