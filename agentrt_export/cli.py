@@ -226,17 +226,13 @@ def otel(endpoint: str | None, protocol: str | None, headers: tuple[str, ...],
         raise click.UsageError(str(exc)) from None
     # The SDK logs every failed attempt in several lines; one line per outage,
     # naming the collector and the cause, is written by the sink instead.
-    complaints = ExporterComplaints().install()
-
-    def explain() -> str:
-        reason = complaints.reason()
-        return f"{config.endpoint}: {reason}" if reason else f"{config.endpoint} refused them"
+    complaints = ExporterComplaints(config.endpoint).install()
 
     sinks: list[OTelSink] = []
 
     def make_sink(store: Store, stop: threading.Event) -> Sink:
         sink = OTelSink(exporter, source=store, resource=config.resource(), stop=stop,
-                        explain=explain)
+                        complaints=complaints)
         sinks.append(sink)
         return sink
 

@@ -8,7 +8,9 @@ FAILURE. A sidecar waiting out a collector outage would print those lines for
 as long as it lasts. :class:`ExporterComplaints` takes them instead: it keeps
 the last one, and :meth:`ExporterComplaints.reason` gives its gist for the
 one line :class:`~agentrt_otel.transport.OTelSink` writes when an outage
-begins.
+begins, and :meth:`ExporterComplaints.too_large` tells it when the collector
+refused a request for its size, so the sink sends the spans in smaller ones
+instead of waiting for a request that can never be accepted.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import logging
 import re
 
-__all__ = ["SDK_EXPORTER_LOGGER", "ExporterComplaints", "gist"]
+__all__ = ["SDK_EXPORTER_LOGGER", "ExporterComplaints", "gist", "says_too_large"]
 
 #: The parent of the SDK's OTLP exporter loggers (gRPC and HTTP).
 SDK_EXPORTER_LOGGER = "opentelemetry.exporter.otlp"
@@ -26,6 +28,12 @@ _NO_CAUSE = ("due to timeout, max retries or shutdown", "Shutdown in progress")
 _ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")\]]+)")
 _GRPC_DETAILS = re.compile(r"error code: (StatusCode\.\w+), error details: (.*)")
 _MAX = 200
+#: A collector refusing a request for its size: HTTP 413 (the HTTP exporter's
+#: "batch code: 413"), gRPC's "Received message larger than max" (grpcio and
+#: grpc-go word it alike; its status, RESOURCE_EXHAUSTED, also means "overloaded"
+#: and is not enough), and the HTTP exporter's own ``max_request_size`` check.
+_TOO_LARGE = re.compile(
+    r"code: 413\b|larger than max|exceeds max_request_size", re.IGNORECASE)
 
 
 def gist(message: str) -> str:
@@ -43,13 +51,25 @@ def gist(message: str) -> str:
     return first[:_MAX]
 
 
+def says_too_large(message: str) -> bool:
+    """Whether an SDK exporter message says the collector refused the request
+    for its size (so the same spans may pass in smaller requests)."""
+    return _TOO_LARGE.search(message) is not None
+
+
 class ExporterComplaints(logging.Handler):
     """Holds the SDK exporter's last warning or error instead of printing it
-    (a closing "gave up" line does not replace the cause logged before it)."""
+    (a closing "gave up" line does not replace the cause logged before it).
 
-    def __init__(self) -> None:
+    ``endpoint``, when given, prefixes every :meth:`reason`: an operator
+    reading the outage line learns which collector is down.
+    """
+
+    def __init__(self, endpoint: str = "") -> None:
         super().__init__(logging.WARNING)
+        self._endpoint = endpoint
         self._last = ""
+        self._set_aside: list[tuple[logging.Logger, logging.Filter]] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -61,17 +81,47 @@ class ExporterComplaints(logging.Handler):
         self._last = message
 
     def reason(self) -> str:
-        """The gist of the last complaint, '' when there was none."""
-        return gist(self._last) if self._last else ""
+        """The gist of the last complaint, after the endpoint if one was given
+        (``<endpoint> refused them`` when the exporter said nothing)."""
+        if not self._last:
+            return f"{self._endpoint} refused them" if self._endpoint else ""
+        return f"{self._endpoint}: {gist(self._last)}" if self._endpoint else gist(self._last)
+
+    def too_large(self) -> bool:
+        """Whether the last complaint says the collector refused a request for its size."""
+        return says_too_large(self._last)
+
+    def clear(self) -> None:
+        """Forget the last complaint: called before an attempt, so what follows
+        explains that attempt alone."""
+        self._last = ""
 
     def install(self) -> ExporterComplaints:
-        """Take over the SDK exporter loggers' output (for a command's lifetime)."""
+        """Take over the SDK exporter loggers' output (for a command's lifetime).
+
+        Install it after building the exporter: the SDK's gRPC exporter logger
+        drops a line repeating the previous one's template within 20 s (a
+        ``DuplicateFilter``), which would leave a repeated failure unexplained.
+        While installed, those filters are set aside (this handler already
+        turns a run of failures into one line) and :meth:`uninstall` puts them back.
+        """
         logger = logging.getLogger(SDK_EXPORTER_LOGGER)
         logger.addHandler(self)
         logger.propagate = False
+        self._set_aside = []
+        for name in list(logging.Logger.manager.loggerDict):
+            if name.startswith(SDK_EXPORTER_LOGGER + "."):
+                child = logging.getLogger(name)
+                for f in list(child.filters):
+                    if isinstance(f, logging.Filter) and type(f).__name__ == "DuplicateFilter":
+                        child.removeFilter(f)
+                        self._set_aside.append((child, f))
         return self
 
     def uninstall(self) -> None:
         logger = logging.getLogger(SDK_EXPORTER_LOGGER)
         logger.removeHandler(self)
         logger.propagate = True
+        for child, f in self._set_aside:
+            child.addFilter(f)
+        self._set_aside = []

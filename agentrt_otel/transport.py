@@ -16,6 +16,13 @@
     and one that comes during an export attempt takes effect when the attempt
     returns (within the exporter's timeout) unless :meth:`close` is called.
 
+A collector that refuses a request for its size (HTTP 413, gRPC "received
+message larger than max", as ``complaints`` tell) would refuse it forever, so
+the batch is cut in two and both halves are sent at once, without a wait; the
+smaller size is kept for the pages that follow. A single span too large for
+the collector is an outage like any other, retried until the collector's
+limit is raised.
+
 ``close()``
     Sets ``stop`` and shuts the exporter down (idempotent; callable from
     another thread, where it cuts short both this sink's wait and the SDK
@@ -42,8 +49,9 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
@@ -60,6 +68,20 @@ from agentrt_otel.text import DEFAULT_MAX_TEXT
 __all__ = ["Backoff", "ExportStopped", "OTelSink"]
 
 _log = logging.getLogger("agentrt_otel")
+
+
+class Complaints(Protocol):
+    """What the exporter said about an attempt that failed
+    (:class:`agentrt_otel.complaints.ExporterComplaints`)."""
+
+    def clear(self) -> None:
+        """Forget what was said before the next attempt."""
+
+    def reason(self) -> str:
+        """Why the attempt failed, in a few words ('' if unknown)."""
+
+    def too_large(self) -> bool:
+        """Whether the collector refused the request for its size."""
 
 
 class ExportStopped(AgentrtError):
@@ -88,9 +110,9 @@ class OTelSink:
 
     ``exporter`` None (``OTEL_TRACES_EXPORTER=none``) maps and discards.
     ``source`` is a read-only store used to rebuild spans whose start came
-    before this process did (see :class:`SpanMapper`). ``explain`` says why
-    the exporter last reported FAILURE (see :mod:`agentrt_otel.complaints`),
-    for the line logged when an outage begins.
+    before this process did (see :class:`SpanMapper`). ``complaints`` say
+    why the exporter reported FAILURE, for the line logged when an outage
+    begins, and whether the request was too large (see the module doc).
     """
 
     def __init__(
@@ -104,7 +126,7 @@ class OTelSink:
         max_batch: int = 512,
         max_text: int = DEFAULT_MAX_TEXT,
         mapper: SpanMapper | None = None,
-        explain: Callable[[], str] | None = None,
+        complaints: Complaints | None = None,
     ) -> None:
         if max_batch <= 0:
             raise ValueError(f"otel: max_batch {max_batch} must be positive")
@@ -115,7 +137,7 @@ class OTelSink:
         self._stop = stop if stop is not None else threading.Event()
         self._backoff = backoff if backoff is not None else Backoff()
         self._max_batch = max_batch
-        self._explain = explain
+        self._complaints = complaints
         self._pending: list[list[ReadableSpan]] = []
         self._mapped_seq = 0
         self._exported = 0
@@ -169,13 +191,30 @@ class OTelSink:
 
     def _attempt(self, batch: list[ReadableSpan]) -> tuple[bool, str]:
         assert self._exporter is not None
+        if self._complaints is not None:
+            self._complaints.clear()
         try:
             result = self._exporter.export(batch)
         except Exception as err:  # an exporter bug must not skip spans either
             return False, f"{type(err).__name__}: {err}"
         if result is SpanExportResult.SUCCESS:
             return True, ""
-        return False, (self._explain() if self._explain else "") or "the exporter reported FAILURE"
+        why = self._complaints.reason() if self._complaints is not None else ""
+        return False, why or "the exporter reported FAILURE"
+
+    def _split_if_too_large(self, batch: list[ReadableSpan], why: str) -> bool:
+        """Cut a batch the collector refused for its size in two, in place at
+        the head of ``pending``, and send smaller batches from now on."""
+        if len(batch) < 2 or self._complaints is None or not self._complaints.too_large():
+            return False
+        half = len(batch) // 2
+        self._pending[0:1] = [batch[:half], batch[half:]]
+        if half < self._max_batch:
+            self._max_batch = half
+            _log.warning("otel: the collector refused %d spans in one request as too large "
+                         "(%s); sending at most %d per request from now on",
+                         len(batch), why, half)
+        return True
 
     def _send(self) -> None:
         """Send pending batches in order until none is left. One outage logs
@@ -191,6 +230,8 @@ class OTelSink:
                                  "attempts over %.1f s", self._failures,
                                  time.monotonic() - self._outage_began)
                     self._failures = 0
+                continue
+            if self._split_if_too_large(batch, why):
                 continue
             if not self._failures:
                 self._outage_began = time.monotonic()

@@ -145,11 +145,14 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignor
 
 
 class GrpcReceiver(_Collected):
-    """``TraceService/Export`` over gRPC (grpcio) on 127.0.0.1."""
+    """``TraceService/Export`` over gRPC (grpcio) on 127.0.0.1. A request over
+    ``max_bytes`` is refused by grpc itself (RESOURCE_EXHAUSTED, "Received
+    message larger than max"), as a collector's ``max_recv_msg_size_mib`` does."""
 
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, port: int = 0, max_bytes: int | None = None) -> None:
         super().__init__()
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        options = [("grpc.max_receive_message_length", max_bytes)] if max_bytes else []
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=options)
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(self),
                                                                   self._server)
         self.port = self._server.add_insecure_port(f"127.0.0.1:{port}")
@@ -169,8 +172,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
         length = int(self.headers.get("Content-Length", "0"))
         body = self.rfile.read(length)
-        if self.path != "/v1/traces":
-            self.send_response(404)
+        limit = self.server.max_bytes
+        if self.path != "/v1/traces" or (limit is not None and length > limit):
+            self.send_response(404 if self.path != "/v1/traces" else 413)
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
@@ -202,15 +206,18 @@ class _HttpServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     collected: _Collected
+    max_bytes: int | None = None
 
 
 class HttpReceiver(_Collected):
-    """``POST /v1/traces`` (OTLP/HTTP, protobuf) on 127.0.0.1."""
+    """``POST /v1/traces`` (OTLP/HTTP, protobuf) on 127.0.0.1. A body over
+    ``max_bytes`` gets 413, as a collector's ``max_request_body_size`` does."""
 
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, port: int = 0, max_bytes: int | None = None) -> None:
         super().__init__()
         self._server = _HttpServer(("127.0.0.1", port), _Handler)
         self._server.collected = self
+        self._server.max_bytes = max_bytes
         self.port = self._server.server_address[1]
         self.base = f"http://127.0.0.1:{self.port}"
         self.endpoint = self.base + "/v1/traces"

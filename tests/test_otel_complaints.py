@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from agentrt_otel.complaints import SDK_EXPORTER_LOGGER, ExporterComplaints, gist
+from agentrt_otel.complaints import SDK_EXPORTER_LOGGER, ExporterComplaints, gist, says_too_large
 
 HTTP_TRANSIENT = (
     "Transient error HTTPConnectionPool(host='127.0.0.1', port=1): Max retries exceeded with "
@@ -50,3 +50,57 @@ def test_installed_it_takes_the_sdk_lines_and_keeps_the_cause_over_the_closing_l
     assert not [r for r in caplog.records if r.name.startswith(SDK_EXPORTER_LOGGER)]
     sdk.warning("after uninstall")  # printed again as before
     assert [r.getMessage() for r in caplog.records] == ["after uninstall"]
+
+
+@pytest.mark.parametrize(("message", "too_large"), [
+    ("Failed to export span batch code: 413, reason: Request Entity Too Large", True),
+    ("Failed to export traces to c:4317, error code: StatusCode.RESOURCE_EXHAUSTED, error "
+     "details: SERVER: Received message larger than max (13079 vs. 4359)", True),
+    ("Failed to export traces to c:4317, error code: StatusCode.RESOURCE_EXHAUSTED, error "
+     "details: grpc: received message larger than max (5000000 vs. 4194304)", True),
+    ("Dropping span batch: serialized size 9 bytes exceeds max_request_size 8 bytes.", True),
+    # RESOURCE_EXHAUSTED alone also means "overloaded": smaller requests would not help.
+    ("Failed to export traces to c:4317, error code: StatusCode.RESOURCE_EXHAUSTED, error "
+     "details: rate limited", False),
+    ("Failed to export span batch code: 503, reason: Service Unavailable", False),
+    ("Failed to export span batch code: 4130, reason: ?", False),
+    (HTTP_TRANSIENT, False),
+])
+def test_says_too_large_only_for_a_request_refused_for_its_size(
+        message: str, too_large: bool) -> None:
+    assert says_too_large(message) is too_large
+
+
+def test_the_reason_names_the_endpoint_and_clear_forgets_the_last_complaint() -> None:
+    sdk = logging.getLogger(SDK_EXPORTER_LOGGER + ".proto.grpc.exporter")
+    complaints = ExporterComplaints("http://collector:4317").install()
+    try:
+        assert complaints.reason() == "http://collector:4317 refused them"
+        sdk.error(GRPC_FAILED)
+        assert complaints.reason() == (
+            "http://collector:4317: StatusCode.UNAVAILABLE: Connection refused")
+        assert not complaints.too_large()
+        sdk.error("Failed to export span batch code: 413, reason: Request Entity Too Large")
+        assert complaints.too_large()
+        complaints.clear()
+        assert not complaints.too_large()
+        assert complaints.reason() == "http://collector:4317 refused them"
+    finally:
+        complaints.uninstall()
+
+
+def test_while_installed_a_repeated_sdk_line_is_not_dropped_by_its_duplicate_filter() -> None:
+    import opentelemetry.exporter.otlp.proto.grpc.exporter as grpc_exporter
+
+    sdk = grpc_exporter.logger
+    before = list(sdk.filters)
+    assert any(type(f).__name__ == "DuplicateFilter" for f in before)
+    complaints = ExporterComplaints().install()
+    try:
+        sdk.error(GRPC_FAILED)
+        complaints.clear()
+        sdk.error(GRPC_FAILED)  # the same line again, at once: the SDK would drop it
+        assert complaints.reason() == "StatusCode.UNAVAILABLE: Connection refused"
+    finally:
+        complaints.uninstall()
+    assert sdk.filters == before

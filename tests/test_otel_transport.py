@@ -146,10 +146,28 @@ def test_recovery_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
     assert "after 3 failed attempts" in recovered[0].getMessage()
 
 
+class SaidComplaints:
+    """Complaints as the SDK exporter would leave them: ``said`` after each
+    failed attempt, nothing after a success."""
+
+    def __init__(self, exporter: FakeExporter | SizeLimitedExporter, said: str) -> None:
+        self.exporter, self.said, self.cleared = exporter, said, 0
+
+    def clear(self) -> None:
+        self.cleared += 1
+
+    def reason(self) -> str:
+        return self.said
+
+    def too_large(self) -> bool:
+        return "larger than max" in self.said
+
+
 def test_the_outage_line_says_why_the_exporter_failed(caplog: pytest.LogCaptureFixture) -> None:
     exporter = FakeExporter([SpanExportResult.FAILURE])
-    OTelSink(exporter, backoff=FAST, explain=lambda: "collector:4318: Connection refused"
-             ).handle_page(events())
+    complaints = SaidComplaints(exporter, "collector:4318: Connection refused")
+    OTelSink(exporter, backoff=FAST, complaints=complaints).handle_page(events())
+    assert complaints.cleared == len(exporter.calls)  # each attempt explained on its own
     failed = [r.getMessage() for r in caplog.records if "retrying with backoff" in r.getMessage()]
     assert len(failed) == 1 and "(collector:4318: Connection refused)" in failed[0]
 
@@ -177,3 +195,68 @@ def test_without_an_exporter_events_are_mapped_and_spans_dropped() -> None:
     sink.handle_page(events())
     assert sink.pending == 0 and sink.exported == 0
     assert len(mapper.seen) == len(events())
+
+
+class SizeLimitedExporter(FakeExporter):
+    """A collector that refuses any request of more than ``limit`` spans."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+        self.accepted: list[ReadableSpan] = []
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.calls.append(list(spans))
+        if len(spans) > self.limit:
+            return SpanExportResult.FAILURE
+        self.accepted.extend(spans)
+        return SpanExportResult.SUCCESS
+
+
+TOO_LARGE = "collector:4317: StatusCode.RESOURCE_EXHAUSTED: Received message larger than max"
+
+
+def test_a_batch_refused_as_too_large_goes_in_halves_at_once_and_smaller_from_then_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    exporter = SizeLimitedExporter(limit=3)
+    evs = events()  # 38 events, 12 spans: 8 finished by the 30th event, 4 after
+    # A 30 s backoff: a wait anywhere would end in ExportStopped when the timer closes it.
+    sink = OTelSink(exporter, backoff=Backoff(initial=30.0, maximum=30.0), max_batch=16,
+                    complaints=SaidComplaints(exporter, TOO_LARGE))
+    timer = threading.Timer(10.0, sink.close)
+    timer.start()
+    try:
+        sink.handle_page(evs[:30])
+        sink.handle_page(evs[30:])
+    finally:
+        timer.cancel()
+    # 8 refused -> 4 + 4; 4 refused -> 2 + 2, both accepted; the other 4 likewise.
+    # The second page goes out two spans at a time with nothing refused.
+    assert [len(c) for c in exporter.calls] == [8, 4, 2, 2, 4, 2, 2, 2, 2]
+    whole = [r.span_id for r in SpanMapper().map_all(evs)]
+    assert [s.context.span_id for s in exporter.accepted if s.context] == whole  # order kept
+    lines = [r.getMessage() for r in caplog.records if "as too large" in r.getMessage()]
+    assert len(lines) == 2 and "RESOURCE_EXHAUSTED" in lines[0]
+    assert "at most 4 per request" in lines[0] and "at most 2 per request" in lines[1]
+    assert not [r for r in caplog.records if "retrying with backoff" in r.getMessage()]
+
+
+def test_one_span_too_large_for_the_collector_is_an_outage_not_a_skip() -> None:
+    exporter = SizeLimitedExporter(limit=0)
+    stop = threading.Event()
+    sink = OTelSink(exporter, backoff=FAST, stop=stop, max_batch=4,
+                    complaints=SaidComplaints(exporter, TOO_LARGE))
+    threading.Timer(0.3, stop.set).start()
+    with pytest.raises(ExportStopped):
+        sink.handle_page(events())
+    assert exporter.accepted == [] and sink.pending > 0
+    assert any(len(c) == 1 for c in exporter.calls)
+
+
+def test_a_failure_that_is_not_about_size_never_splits_the_batch() -> None:
+    exporter = FakeExporter([SpanExportResult.FAILURE] * 3)
+    complaints = SaidComplaints(exporter, "collector:4317: StatusCode.RESOURCE_EXHAUSTED: "
+                                          "rate limited")
+    OTelSink(exporter, backoff=FAST, complaints=complaints).handle_page(events())
+    assert len({len(c) for c in exporter.calls}) == 1

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace.export import SpanExporter
 from otlp_receivers import GrpcReceiver, HttpReceiver, ReceivedSpan
 
@@ -28,6 +29,9 @@ from agentrt_otel import (
     build_exporter,
     resolve_config,
 )
+from agentrt_otel.complaints import ExporterComplaints
+from agentrt_otel.config import build_resource, resource_attributes
+from agentrt_otel.spans import to_readable_spans
 from agentrt_otel.testing import (
     EventStream,
     scenario_cancelled,
@@ -63,9 +67,10 @@ def exporter_for(protocol: str, rx: GrpcReceiver | HttpReceiver) -> SpanExporter
 
 
 @contextmanager
-def receiver(protocol: str, port: int = 0) -> Iterator[GrpcReceiver | HttpReceiver]:
-    rx: GrpcReceiver | HttpReceiver = GrpcReceiver(port) if protocol == "grpc" else (
-        HttpReceiver(port))
+def receiver(protocol: str, port: int = 0,
+             max_bytes: int | None = None) -> Iterator[GrpcReceiver | HttpReceiver]:
+    rx: GrpcReceiver | HttpReceiver = GrpcReceiver(port, max_bytes) if protocol == "grpc" else (
+        HttpReceiver(port, max_bytes))
     with rx:
         yield rx
 
@@ -209,3 +214,39 @@ def test_a_stop_during_an_outage_ends_the_page_unacknowledged() -> None:
         assert time.monotonic() - began < 3
         assert sink.pending > 0 and sink.exported == 0
         sink.close()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_collector_refusing_large_requests_gets_every_span_in_smaller_ones(
+    protocol: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    s = stream()
+    records = SpanMapper().map_all(s.events)
+    resource = build_resource(resource_attributes({}))
+    whole = len(encode_spans(to_readable_spans(records, resource)).SerializeToString())
+    # The whole stream as one page is one request the collector refuses for its
+    # size; a third of it passes. Its answer comes from grpc or from the HTTP status.
+    with receiver(protocol, max_bytes=whole // 3) as rx:
+        # Long enough for a first gRPC connection, too short for the SDK's own
+        # retry of RESOURCE_EXHAUSTED (about 1 s): each refusal returns at once.
+        exporter = build_exporter(resolve_config(
+            exporter="otlp", protocol=protocol, endpoint=rx.endpoint, insecure=True,
+            timeout=0.7, environ={}))
+        assert exporter is not None
+        complaints = ExporterComplaints(rx.endpoint).install()
+        try:
+            sink = OTelSink(exporter, backoff=Backoff(initial=30.0, maximum=30.0),
+                            complaints=complaints)
+            timer = threading.Timer(20.0, sink.close)  # a backoff wait would fail the test
+            timer.start()
+            sink.handle_page(s.events)
+            timer.cancel()
+            sink.close()
+        finally:
+            complaints.uninstall()
+        spans = rx.spans()
+    assert received(spans) == expected(records)
+    assert len(spans) == len(records)  # nothing skipped, nothing twice
+    split = [r.getMessage() for r in caplog.records if "as too large" in r.getMessage()]
+    assert split and rx.endpoint in split[0]
+    assert ("larger than max" if protocol == "grpc" else "413") in split[0]
