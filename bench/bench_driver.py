@@ -4,7 +4,10 @@ A step of a scripted agent with a trivial tool makes four synced transactions
 (start, decision, policy with tool start, outcome), so its reference is four
 synced single-row commits on the same disk. The bar is 1.3x. The second and
 third rows check that a step costs the same with 100 or 400 steps behind it
-as with 10 (within 20%).
+as with 10 (within 20%). A fourth row, without a bar, replays the step's own
+SQL bare (``StepSQL``): what the four transactions cost on this disk with this
+schema and none of the runtime's Python, so the first row's gap splits into
+what the schema costs and what the interpreter does.
 
 This machine is shared and its speed drifts by 2x within a minute, so nothing
 is compared across time: three runs are first brought to 10, 100 and 400
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -63,6 +67,96 @@ class Reference:
         self.samples.append(time.perf_counter() - started)
 
 
+class StepSQL:
+    """One ordinary step's statements, captured from a real driver, replayed
+    bare in their synced transactions, with the same pragmas.
+
+    The replay renews what must change (the new step's id and index, each
+    event's seq, the run's step count) and keeps everything else as the
+    driver wrote it, payloads and hashes included. Each replay updates the
+    step the previous one inserted, so every UPDATE writes a row as the
+    driver's do.
+    """
+
+    def __init__(self, directory: str) -> None:
+        path = os.path.join(directory, "replay.db")
+        self.statements, step_id, next_id, owner = _capture_step(path)
+        self.conn = apsw.Connection(path)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=FULL")
+        self.conn.execute("UPDATE runs SET status = 'RUNNING', lease_owner = ? WHERE id = 'r'",
+                          (owner,))
+        head, count = self.conn.execute(
+            "SELECT (SELECT max(seq) FROM events), step_count FROM runs WHERE id = 'r'"
+        ).fetchall()[0]
+        self.seq, self.count = int(head), int(count)
+        self.ids = {step_id: step_id, next_id: next_id}
+        self.step_id, self.next_id = step_id, next_id
+        self.samples: list[float] = []
+        self._replay(record=False)  # the step the first measured replay updates
+
+    def _replay(self, record: bool = True) -> None:
+        current, new = self.ids[self.next_id], secrets.token_hex(16)
+        started = time.perf_counter()
+        for sql, bindings in self.statements:
+            if bindings is None:
+                self.conn.execute(sql)
+                continue
+            b = [current if v == self.step_id else new if v == self.next_id else v
+                 for v in bindings]
+            if sql.startswith("INSERT INTO events"):
+                self.seq += 1
+                b[0] = self.seq
+            elif sql.startswith("INSERT INTO steps"):
+                b[2] = self.count
+            elif "step_count = step_count + 1" in sql:
+                b[1] = self.count
+            self.conn.execute(sql, b)
+            if record and sql.startswith("UPDATE") and self.conn.changes() != 1:
+                raise RuntimeError(f"replayed step: {sql[:40]}... changed no row")
+        if record:
+            self.samples.append(time.perf_counter() - started)
+        self.count += 1
+        self.ids[self.next_id] = new
+
+    def sample(self) -> None:
+        self._replay()
+
+
+def _capture_step(path: str) -> tuple[list[tuple[str, tuple[object, ...] | None]], str, str,
+                                      str]:
+    """(statements of step 2 of a short run, that step's id, the next step's id,
+    the lease owner), traced from a driver."""
+    log: list[tuple[str, tuple[object, ...] | None]] = []
+    marks: list[int] = []
+
+    class Agent:
+        def decide(self, step: StepInput) -> Decision:
+            marks.append(len(log))
+            if step.index >= 3:
+                return Decision.tool_call("hold", b"{}")
+            return Decision.tool_call("noop", b'{"n":%d}' % step.index)
+
+    def trace(_cursor: apsw.Cursor, sql: str, bindings: object) -> bool:
+        log.append((sql, tuple(bindings) if isinstance(bindings, tuple | list) else None))
+        return True
+
+    store = open_store(path)
+    store.db().exec_trace = trace
+    tools = [FuncTool("noop", _noop, input_schema=b'{"type":"object"}', side_effect="read_only",
+                      timeout=5),
+             FuncTool("hold", _noop, side_effect="remote_mutation", timeout=5)]
+    driver = Driver(store, Agent(), DefaultPolicy(), tools)
+    driver.start("bench", Limits(max_steps=10, max_consecutive_tool_failures=3,
+                                 loop_threshold=10), run_id="r")
+    store.db().exec_trace = None
+    steps = store.list_steps("r")
+    owner = next(b[-1] for sql, b in log[marks[2]:marks[3]]
+                 if b and "step_count = step_count + 1" in sql)
+    store.close()
+    return log[marks[2]:marks[3]], steps[2].id, steps[3].id, str(owner)
+
+
 class _Bursts:
     """Calls ``noop`` until the run's current stop, then ``hold`` (which pauses it).
 
@@ -70,8 +164,9 @@ class _Bursts:
     the same burst: one ordinary step's cost.
     """
 
-    def __init__(self, ref: Reference) -> None:
+    def __init__(self, ref: Reference, bare: StepSQL | None = None) -> None:
         self.ref = ref
+        self.bare = bare
         self.stop: dict[str, int] = {}
         self.gaps: dict[str, list[float]] = {}
         self.measuring = False
@@ -85,6 +180,8 @@ class _Bursts:
             self.gaps.setdefault(run_id, []).append(now - self._out)
         if self.measuring and index % 2 == 0:
             self.ref.sample()
+            if self.bare is not None:
+                self.bare.sample()
         if index >= self.stop[run_id]:
             decision = Decision.tool_call("hold", b"{}")
             self._last = None
@@ -108,11 +205,13 @@ def _continue(store: Store, driver: Driver, run_id: str) -> None:
         raise SystemExit(f"bench run ended {run.status} ({run.reason}): {run.reason_detail}")
 
 
-def measure(directory: str, rounds: int, burst: int) -> tuple[list[float], dict[int, list[float]]]:
-    """(reference samples, step costs by depth)."""
+def measure(directory: str, rounds: int, burst: int
+            ) -> tuple[list[float], list[float], dict[int, list[float]]]:
+    """(reference samples, bare step SQL samples, step costs by depth)."""
     ref = Reference(directory)
+    bare = StepSQL(directory)
     store = open_store(os.path.join(directory, "driver.db"))
-    agent = _Bursts(ref)
+    agent = _Bursts(ref, bare)
     tools = [
         FuncTool("noop", _noop, input_schema=b'{"type":"object"}', side_effect="read_only",
                  timeout=5),
@@ -133,7 +232,7 @@ def measure(directory: str, rounds: int, burst: int) -> tuple[list[float], dict[
             agent.stop[run_id] = store.get_run(run_id).step_count + burst
             _continue(store, driver, run_id)
     store.close()
-    return ref.samples, {d: agent.gaps.get(r, []) for d, r in runs.items()}
+    return ref.samples, bare.samples, {d: agent.gaps.get(r, []) for d, r in runs.items()}
 
 
 def run(quick: bool, directory: str | None = None) -> list[Figure]:
@@ -143,7 +242,7 @@ def run(quick: bool, directory: str | None = None) -> list[Figure]:
     log(f"driver: {rounds} rounds of {burst}-step bursts on runs at "
         f"{'/'.join(map(str, DEPTHS))} steps")
     try:
-        ref, by_depth = measure(work, rounds, burst)
+        ref, bare, by_depth = measure(work, rounds, burst)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     us = 1e6
@@ -158,6 +257,16 @@ def run(quick: bool, directory: str | None = None) -> list[Figure]:
         refs=[r * us for r in ref],
         bar=Bar("<=", 1.3),
     )]
+    figures.append(Figure(
+        bench="driver",
+        what="the step's own SQL replayed bare (no bar)",
+        unit="us",
+        values=[b * us for b in bare],
+        reference="4 synced single-row commits",
+        refs=[r * us for r in ref],
+        bar=None,
+        note="the schema's and the disk's share of a step; the rest of the first row is Python",
+    ))
     for depth in DEPTHS[1:]:
         figures.append(Figure(
             bench="driver",
