@@ -1,6 +1,6 @@
 """Exporter settings, resolved once from arguments and OTEL_* variables.
 
-Every setting follows one precedence (STYLE.md 9): an argument (a CLI flag),
+Every setting follows one precedence: an argument (a CLI flag),
 then the traces-specific variable, then the generic one, then the default.
 What is resolved here is passed to the SDK exporter explicitly, so the
 settings printed or tested are the ones in use. (TLS certificate files and

@@ -17,7 +17,7 @@ agent itself takes a reference sample between steps. A step's cost is the
 time from the agent's return to its next call, which covers exactly one
 step's four transactions, the policy and the tool.
 
-    python -m bench.bench_driver [--quick] [--runs N] [--dir DIR]
+    python -m bench.bench_driver [--quick] [--dir DIR]
 """
 
 from __future__ import annotations

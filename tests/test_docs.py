@@ -37,3 +37,27 @@ def test_the_readme_program_runs_and_completes(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     exec(compile(code.group(1), "README.md", "exec"), {})
     assert capsys.readouterr().out == "COMPLETED goal_completed\n"
+
+
+def _defined_in(path_name: str) -> set[str]:
+    path = ROOT / "tests" / path_name
+    if not path.exists():
+        return set()
+    return set(re.findall(r"^(?:async )?def (test_\w+)", path.read_text(), re.MULTILINE))
+
+
+def test_every_status_row_names_its_tests_in_the_file_it_cites():
+    """In ``file.py::test_a, ::test_b; other.py::test_c`` each name is defined in
+    the file it follows, not merely somewhere, so deleting the cited copy of a
+    test that two files define shows up."""
+    wrong = []
+    for line in (ROOT / "docs" / "status.md").read_text().splitlines():
+        if not line.startswith("|"):
+            continue
+        for segment in re.split(r"[;|]", line):
+            current = ""
+            for file, name in re.findall(r"(test_\w+\.py)?::(test_\w+)", segment):
+                current = file or current
+                if current and name not in _defined_in(current):
+                    wrong.append(f"{current}::{name}")
+    assert not wrong, wrong

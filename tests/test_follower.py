@@ -278,6 +278,25 @@ def test_interval_bounds_every_wait_with_or_without_inotify(db_path, monkeypatch
     assert timeouts and set(timeouts) == {0.02}
 
 
+def test_defaults_are_pages_of_500_a_1_s_notified_wait_and_both_are_capped(db_path, monkeypatch):
+    import agentrt_export.wake as wake
+
+    make_db(db_path, runs=1, events_per_run=2)
+    store = open_existing(db_path)
+    assert Follower(store).page_size == 500 and Follower(store).interval is None
+    assert Follower(store, page_size=20_000).page_size == 10_000
+    assert Follower(store, interval=3600).interval == 60.0
+    if not sys.platform.startswith("linux"):
+        return
+    waiter = type(wake.open_waiter(db_path))
+    assert waiter.notifies
+    timeouts = spy_on_waits(monkeypatch, waiter)
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    collect(Follower(store), stop=stop)
+    assert timeouts and set(timeouts) == {1.0}  # inotify ends it early; 1 s at most
+
+
 def test_live_follow_sees_commits_on_the_same_connection(tmp_path):
     # An in-memory store shared with its writer: no other connection commits.
     store = open_store(":memory:")

@@ -78,6 +78,17 @@ def test_a_large_page_is_sent_in_batches() -> None:
     assert [len(c) for c in exporter.calls] == [5, 5, 2]
 
 
+def test_requests_hold_at_most_512_spans_by_default() -> None:
+    exporter = FakeExporter()
+    s = EventStream("r")
+    for i in range(600):  # 600 finished steps: 600 step spans, then the run's
+        s.step_started(f"s{i}", i)
+        s.step_failed(f"s{i}", "x", "x")
+    s.run_finished("FAILED", "x")
+    OTelSink(exporter).handle_page(s.events)
+    assert [len(c) for c in exporter.calls] == [512, 89]
+
+
 def test_a_failed_export_is_retried_with_the_same_spans_and_no_event_is_mapped_twice() -> None:
     failure = SpanExportResult.FAILURE
     exporter = FakeExporter([failure, RuntimeError("encoder bug"), failure])
