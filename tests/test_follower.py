@@ -297,6 +297,21 @@ def test_defaults_are_pages_of_500_a_1_s_notified_wait_and_both_are_capped(db_pa
     assert timeouts and set(timeouts) == {1.0}  # inotify ends it early; 1 s at most
 
 
+def test_a_stop_during_a_page_finishes_that_page_and_saves_its_end(db_path):
+    make_db(db_path, runs=5, events_per_run=5)
+    stop = threading.Event()
+    got: list[Event] = []
+
+    def sink(event: Event) -> None:
+        got.append(event)
+        stop.set()  # at the first event of the first page
+
+    cursor = MemoryCursor()
+    Follower(open_existing(db_path), cursor=cursor, page_size=10).follow(sink, stop=stop)
+    assert [e.seq for e in got] == list(range(1, 11))
+    assert cursor.load() == 10
+
+
 def test_live_follow_sees_commits_on_the_same_connection(tmp_path):
     # An in-memory store shared with its writer: no other connection commits.
     store = open_store(":memory:")
