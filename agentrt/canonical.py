@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from agentrt.gojson import add_go_escapes, encode_string
+from agentrt.gojson import add_go_escapes, encode_string, replace_lone_surrogates
 
 __all__ = [
     "MAX_JSON_DEPTH",
@@ -47,10 +47,7 @@ class _Number(str):
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _clean(s: str) -> str:
-    return _SURROGATE.sub("\ufffd", s) if _SURROGATE.search(s) else s
+_clean = replace_lone_surrogates
 
 
 def _encode_canonical(value: Any, out: list[str], html: bool) -> None:

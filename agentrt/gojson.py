@@ -26,6 +26,7 @@ __all__ = [
     "dumps",
     "encode_string",
     "is_valid",
+    "replace_lone_surrogates",
     "raw_members",
     "sorted_map",
 ]
@@ -61,6 +62,17 @@ def _escape_char(c: str) -> str:
     if 0xD800 <= o <= 0xDFFF:  # a lone surrogate: Go writes the replacement escape
         return "\\ufffd"
     return "\\u" + _HEX[o >> 12 & 15] + _HEX[o >> 8 & 15] + _HEX[o >> 4 & 15] + _HEX[o & 15]
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def replace_lone_surrogates(s: str) -> str:
+    """``s`` with each lone surrogate (which UTF-8 cannot hold) as U+FFFD, the
+    character Go's encoder writes for it; ``s`` itself when it has none."""
+    if s.isascii() or _SURROGATE.search(s) is None:
+        return s
+    return _SURROGATE.sub("\ufffd", s)
 
 
 _NEEDS_HTML = re.compile('["\\\\\x00-\x1f<>&\u2028\u2029\ud800-\udfff]')

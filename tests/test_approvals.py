@@ -283,12 +283,22 @@ def test_approval_ttl_expiry_cancels_the_run_via_approve_and_via_resume():
     assert types(store, "r")[-2:] == ["approval.decided", "run.finished"]
     assert json.loads(store.list_events("r")[-2].payload) == {"approval_id": a.id,
                                                               "status": "expired"}
+    # Mirrored reference quirk: expiry cancels the run but leaves the step of the
+    # expired approval awaiting approval (a rejection fails it instead).
+    steps = {st.id: st for st in store.list_steps("r")}
+    assert steps[a.step_id].status == "awaiting_approval"
+    assert steps[a.step_id].finished_at is None
 
     c2 = FakeClock()
     d2, store2, _, a2 = paused(now=c2, lim=limits(approval_ttl=timedelta(hours=1)))
     c2.advance(timedelta(hours=2))
     run2 = d2.resume("r")
     assert (run2.status, run2.reason) == ("CANCELLED", "approval_expired")
+    assert store2.get_run("r").status == "CANCELLED"
+    assert store2.get_approval("r", a2.id).status == "expired"
+    steps2 = {st.id: st for st in store2.list_steps("r")}
+    assert steps2[a2.step_id].status == "awaiting_approval"
+    assert steps2[a2.step_id].finished_at is None
 
 
 def test_the_driver_clock_decides_expiry():

@@ -40,6 +40,21 @@ def make_sidecar(path: str, suffix: str = "-wal", mode: int = 0o600) -> str:
     return side
 
 
+def entry_state(path: str | Path) -> tuple[object, ...]:
+    """What :func:`file_state` records, for a path that may not be a regular file
+    (a directory, a symlink, a FIFO: reading one would fail or block): its type,
+    mode, owner and mtime_ns, not following a link, plus a link's target or a
+    directory's entries."""
+    st = os.lstat(path)
+    extra: object = None
+    if stat.S_ISLNK(st.st_mode):
+        extra = os.readlink(path)
+    elif stat.S_ISDIR(st.st_mode):
+        extra = sorted(os.listdir(path))
+    return (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid,
+            st.st_mtime_ns, extra)
+
+
 def one_sentence(message: str, path: str, fix: str) -> None:
     """A refusal is one line naming the file and the fix."""
     assert "\n" not in message
@@ -164,12 +179,17 @@ def test_refuses_a_wal_file_owned_by_another_user(tmp_path):
     path = new_db(tmp_path)
     side = make_sidecar(path)
     os.chown(side, 4242, 4242)
+    before = file_state(path), file_state(side), entry_state(side)
+    listing = sorted(os.listdir(tmp_path))
     for open_it in (lambda: open_store(path), lambda: open_existing(path)):
         with pytest.raises(InsecureModeError) as info:
             open_it()
         assert info.value.path == side
         assert info.value.reason == "owned by another user than the database"
         one_sentence(str(info.value), side, "chown")
+        # Nothing written: not the database, not the other user's -wal (nor its owner).
+        assert (file_state(path), file_state(side), entry_state(side)) == before
+        assert sorted(os.listdir(tmp_path)) == listing
 
 
 @posix_modes
@@ -200,11 +220,16 @@ def test_refuses_a_wal_path_that_is_not_a_regular_file(tmp_path, kind):
         os.symlink(target, side)
     else:
         os.mkfifo(side, 0o600)
+    before = file_state(path), entry_state(side), file_state(target)
+    listing = sorted(os.listdir(tmp_path))
     for open_it in (lambda: open_store(path), lambda: open_existing(path)):
         with pytest.raises(InsecureModeError) as info:
             open_it()
         assert info.value.path == side
         assert info.value.reason == "which is not a regular file"
+        # Nothing written: the database, the -wal path and what a link points to.
+        assert (file_state(path), entry_state(side), file_state(target)) == before
+        assert sorted(os.listdir(tmp_path)) == listing
 
 
 # -- triggers, views and the hardened connections ----------------------------------
@@ -362,11 +387,18 @@ def test_open_existing_refuses_what_is_not_a_regular_file(tmp_path):
     folder.mkdir()
     fifo = tmp_path / "fifo.db"
     os.mkfifo(fifo)
+    before = {p: entry_state(p) for p in (folder, fifo)}
+    listing = sorted(os.listdir(tmp_path))
     for path in (str(folder), str(fifo)):
-        with pytest.raises(StoreOpenError) as info:
-            open_existing(path)
-        assert str(info.value) == (
-            f"agentrt: open store: {path} is not a regular file; name the database file itself")
+        for read_only in (True, False):
+            with pytest.raises(StoreOpenError) as info:
+                open_existing(path, read_only=read_only)
+            assert str(info.value) == (
+                f"agentrt: open store: {path} is not a regular file; "
+                "name the database file itself")
+            # Nothing written: no file inside the directory, no sidecar next to them.
+            assert {p: entry_state(p) for p in (folder, fifo)} == before
+            assert sorted(os.listdir(tmp_path)) == listing
 
 
 def test_open_store_refuses_a_directory(tmp_path):
@@ -493,18 +525,28 @@ def test_bad_input_messages_are_one_sentence_each(tmp_path):
     messages = []
     path = new_db(tmp_path)
     os.chmod(path, 0o666)
+    before = file_state(path)
+    listing = sorted(os.listdir(tmp_path))
     with pytest.raises(InsecureModeError) as a:
         open_store(path)
     messages.append(str(a.value))
+    assert file_state(path) == before  # not tightened, not written
+    assert sorted(os.listdir(tmp_path)) == listing
     os.chmod(path, 0o600)
     link = str(tmp_path / "l.db")
     os.symlink(path, link)
+    before = file_state(path), entry_state(link)
+    listing = sorted(os.listdir(tmp_path))
     with pytest.raises(SymlinkError) as b:
         open_existing(link)
     messages.append(str(b.value))
+    assert (file_state(path), entry_state(link)) == before
+    assert sorted(os.listdir(tmp_path)) == listing
     with pytest.raises(StoreOpenError) as c:
         open_existing(str(tmp_path / "nope.db"))
     messages.append(str(c.value))
+    assert (file_state(path), entry_state(link)) == before
+    assert sorted(os.listdir(tmp_path)) == listing  # nope.db was not created
     for message in messages:
         assert "\n" not in message
         assert len(re.findall(r"\.\s+[A-Z]", message)) == 0  # no second sentence

@@ -49,11 +49,12 @@ class ToolError(Exception):
 
 
 class AbortRun(Exception):
-    """Raised by a tool to end the run as ``tool_abort`` with ``detail``."""
+    """Raised by a tool to end the run as ``tool_abort`` with ``detail``
+    (anything but a str is recorded as its ``str()``: records hold text)."""
 
     def __init__(self, detail: str) -> None:
-        self.detail = detail
-        super().__init__(detail)
+        self.detail = detail if isinstance(detail, str) else str(detail)
+        super().__init__(self.detail)
 
 
 class TransientError(Exception):

@@ -157,7 +157,23 @@ def _decide(s: Session, run: Run, step: Step) -> Run | None:
     if not isinstance(decision, Decision):
         err = TypeError(f"the agent returned {type(decision).__name__}, not a Decision")
         return _agent_failed(s, step, err)
+    mistyped = _mistyped_text(decision)
+    if mistyped:
+        return _agent_failed(s, step, TypeError(mistyped))
     return _propose(s, run, step, decision, current)
+
+
+_DECISION_TEXT = ("kind", "tool", "reason", "message", "origin")
+
+
+def _mistyped_text(decision: Decision) -> str:
+    """Why a decision's text field is not text, or '' (records hold no floats
+    or other values where the reference writes a string)."""
+    for name in _DECISION_TEXT:
+        value = getattr(decision, name)
+        if not isinstance(value, str):
+            return f"the agent's decision has a {type(value).__name__} {name}, not a str"
+    return ""
 
 
 def _copy_spec(spec: ToolSpec) -> ToolSpec:

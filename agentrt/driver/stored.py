@@ -10,11 +10,10 @@ _store_after_every_write`` holds this module to the decoder.
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from typing import Any
 
-from agentrt.gojson import compact
+from agentrt.gojson import compact, replace_lone_surrogates
 from agentrt.records import Decision, Observation, PolicyDecision, Step
 from agentrt.timefmt import format_time
 
@@ -28,14 +27,8 @@ __all__ = [
     "stored_time",
 ]
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def stored_text(s: str) -> str:
-    """A string as it reads back: the encoder writes a lone surrogate as U+FFFD."""
-    if s.isascii() or _SURROGATE.search(s) is None:
-        return s
-    return _SURROGATE.sub("\ufffd", s)
+#: A string as it reads back: the encoder writes a lone surrogate as U+FFFD.
+stored_text = replace_lone_surrogates
 
 
 def stored_raw(data: bytes | None) -> bytes | None:

@@ -47,6 +47,9 @@ def _failure(name: str, failure: str, error: str) -> Observation:
 def _content(name: str, value: object) -> tuple[Observation, bytes]:
     if isinstance(value, ToolResult):
         raw, summary = value.content, value.summary
+        if not isinstance(summary, str):
+            msg = f"the tool's summary is a {type(summary).__name__}, not a str"
+            return _failure(name, "error", msg), b""
     elif isinstance(value, (bytes, str)) or value is None:
         raw, summary = value, ""
     else:

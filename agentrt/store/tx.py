@@ -20,7 +20,7 @@ import apsw
 
 from agentrt.chain import chain_hash
 from agentrt.events import Event, Observer
-from agentrt.gojson import dumps
+from agentrt.gojson import dumps, replace_lone_surrogates
 from agentrt.timefmt import format_time
 
 __all__ = ["ChainHead", "Tx", "TxScope", "encode_payload"]
@@ -158,14 +158,20 @@ class Tx:
     def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> apsw.Cursor:
         """Run one statement (or several) in this transaction; its own cursor, so
         its rows can be read while other statements run."""
-        return self._conn.execute(sql, params)
+        try:
+            return self._conn.execute(sql, params)
+        except UnicodeEncodeError:
+            return self._conn.execute(sql, storable(params))
 
     def run(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> int:
         """Run one statement that returns no rows (an INSERT or UPDATE without
         RETURNING): cheaper than :meth:`execute`, as it reuses one cursor.
         Returns the rows it changed (as :meth:`changes` would, one call less
         for a compare-and-set write)."""
-        self._cur.execute(sql, params)
+        try:
+            self._cur.execute(sql, params)
+        except UnicodeEncodeError:
+            self._cur.execute(sql, storable(params))
         return self._conn.changes()
 
     def one(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()
@@ -175,7 +181,10 @@ class Tx:
         On a cursor of its own, dropped at once: a query left part-read would
         hold its table (a DROP in the same transaction would find it locked).
         """
-        row = self._conn.execute(sql, params).fetchone()
+        try:
+            row = self._conn.execute(sql, params).fetchone()
+        except UnicodeEncodeError:
+            row = self._conn.execute(sql, storable(params)).fetchone()
         return tuple(row) if row is not None else None
 
     def changes(self) -> int:
@@ -216,7 +225,12 @@ class Tx:
         run_id, step_id, type = str(run_id), str(step_id), str(type)
         at_text = format_time(at)
         text = data.decode("utf-8")  # as stored, and hashed as these UTF-8 bytes
-        digest = chain_hash(self._head_hash, seq, run_id, step_id, at_text, type, text)
+        try:
+            digest = chain_hash(self._head_hash, seq, run_id, step_id, at_text, type, text)
+        except UnicodeEncodeError:
+            clean = replace_lone_surrogates
+            run_id, step_id, type = clean(run_id), clean(step_id), clean(type)
+            digest = chain_hash(self._head_hash, seq, run_id, step_id, at_text, type, text)
         self._cur.execute(_INSERT_EVENT_SQL, (seq, run_id, step_id, at_text, type, text, digest))
         self._head_seq = seq
         self._head_hash = digest
@@ -224,6 +238,21 @@ class Tx:
         event: Event = tuple.__new__(Event, (seq, run_id, step_id, at_text, type, data))
         self.events.append(event)
         return event
+
+
+def storable(params: Sequence[Any] | Mapping[str, Any]) -> Sequence[Any] | Mapping[str, Any]:
+    """``params`` with each lone surrogate in a string as U+FFFD.
+
+    SQLite stores UTF-8, which cannot hold a lone surrogate (Python's JSON
+    decoder makes one from a ``"\\ud800"`` escape a model wrote), so binding
+    one raises before the statement runs. Such text is stored as the JSON
+    encoder writes it, U+FFFD, instead of failing the transition half-way.
+    Applied only after a bind failed: the usual write pays nothing.
+    """
+    if isinstance(params, Mapping):
+        return {k: replace_lone_surrogates(v) if isinstance(v, str) else v
+                for k, v in params.items()}
+    return [replace_lone_surrogates(v) if isinstance(v, str) else v for v in params]
 
 
 #: The former name of the transaction's context manager, now :class:`Tx` itself.
