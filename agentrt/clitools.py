@@ -3,18 +3,48 @@
 Expected failures print one sentence, ``error: <what and the fix>``, and exit 1;
 usage errors print ``usage: <what is wrong>`` first, then the command's usage
 line and where its help is, and exit 2; nothing prints a traceback. A reader
-that goes away (``| head``) ends the command quietly with 0.
+that goes away (``| head``) ends the command quietly with 0; output that
+cannot be written (a full disk, a closed stdout) is one sentence and 1.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import os
 import sys
+from typing import Any
 
 import click
 
-__all__ = ["run_click", "silence_stdout"]
+from agentrt.trace import sanitize
+
+__all__ = ["OUTPUT_CLOSED", "run_click", "silence_stdout"]
+
+#: The error a write to a closed standard output raises (``>&-``).
+OUTPUT_CLOSED = "standard output is closed"
+#: Environment variables the commands read text from.
+_TEXT_VARIABLES = ("AGENTRT_DB", "USER")
+
+
+class _ClosedOutput(io.TextIOBase):
+    """Stands in for a closed stdout (Python leaves ``sys.stdout`` None), so a
+    write fails as an OSError, which the runner reports, not as an
+    AttributeError."""
+
+    def write(self, s: str) -> int:
+        raise OSError(errno.EBADF, OUTPUT_CLOSED)
+
+    def flush(self) -> None:
+        return None
+
+    @property
+    def buffer(self) -> Any:
+        return self
+
+    def writable(self) -> bool:
+        return True
 
 
 def _show_usage_error(exc: click.UsageError) -> None:
@@ -40,10 +70,46 @@ def silence_stdout() -> None:
         os.close(devnull)
 
 
+def _not_utf8(argv: list[str]) -> str:
+    """Why an argument or a variable the commands read cannot be used: it is
+    not valid UTF-8 (Python holds such bytes as lone surrogates, which no
+    database, path or record here can take); '' when all are."""
+    for i, arg in enumerate(argv, start=1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = sanitize(arg.encode("utf-8", "surrogateescape").decode("utf-8", "replace"))
+            return f"argument {i} ({shown[:80]}) is not valid UTF-8; give it in UTF-8"
+    for name, value in os.environ.items():
+        if name in _TEXT_VARIABLES or name.startswith("OTEL_"):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return f"${name} is not valid UTF-8; set it in UTF-8"
+    return ""
+
+
+def _output_failed(exc: OSError) -> str:
+    """The sentence for an OSError that reached the top: a file the command
+    named carries its name; without one it was the output."""
+    cause = exc.strerror or str(exc)
+    if exc.filename:
+        return f"{sanitize(str(exc.filename))}: {cause}"
+    return f"writing output: {cause}"
+
+
 def run_click(group: click.Command, prog_name: str, argv: list[str] | None = None) -> int:
     """Run ``group`` and return its exit code: 0 ok, 1 failure, 2 usage."""
+    if sys.stdout is None:
+        sys.stdout = _ClosedOutput()
+    args = list(sys.argv[1:] if argv is None else argv)
+    problem = _not_utf8(args)
+    if problem:
+        click.echo(f"usage: {problem}", err=True)
+        return 2
     try:
-        rv = group.main(args=argv, prog_name=prog_name, standalone_mode=False)
+        rv = group.main(args=args, prog_name=prog_name, standalone_mode=False)
+        sys.stdout.flush()  # a full disk shows here, not at the interpreter's exit
     except click.UsageError as exc:
         _show_usage_error(exc)
         return 2
@@ -58,4 +124,8 @@ def run_click(group: click.Command, prog_name: str, argv: list[str] | None = Non
     except BrokenPipeError:
         silence_stdout()
         return 0
+    except OSError as exc:
+        click.echo(f"error: {_output_failed(exc)}", err=True)
+        silence_stdout()
+        return 1
     return rv if isinstance(rv, int) else 0

@@ -1,0 +1,85 @@
+"""What both commands share (``agentrt.clitools.run_click``), as real processes:
+output that cannot be written, and input that is not UTF-8, are one sentence
+and an exit code, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from _cli_kit import Kit, child_env, snapshot
+
+COMMANDS = {"agentrt": "agentrt.cli", "agentrt-export": "agentrt_export.cli"}
+
+
+@pytest.fixture
+def db(tmp_path):
+    kit = Kit(str(tmp_path / "ops.db"))
+    kit.completed()
+    kit.close()
+    return kit.path
+
+
+def run(command: str, *args: str | bytes, stdout=subprocess.PIPE, close_stdout: bool = False,
+        env: dict[str, str] | None = None) -> tuple[int, bytes]:
+    """(exit code, stderr) of ``python -m <command> ARGS``."""
+    def preexec() -> None:
+        if close_stdout:
+            os.close(1)
+
+    done = subprocess.run([sys.executable, "-m", COMMANDS[command], *args], stdout=stdout,
+                          stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                          env=env or child_env(), preexec_fn=preexec, timeout=120)
+    return done.returncode, done.stderr
+
+
+def one_line(stderr: bytes) -> str:
+    text = stderr.decode()
+    assert "Traceback" not in text, text
+    assert text.count("\n") == 1, text
+    return text.strip()
+
+
+@pytest.mark.parametrize("args", [("runs",), ("runs", "--json"), ("--help",)])
+def test_agentrt_output_to_a_full_disk_is_one_sentence_and_exit_1(db, args):
+    with open("/dev/full", "wb") as full:
+        code, err = run("agentrt", "--db", db, *args, stdout=full)
+    assert code == 1
+    assert one_line(err) == "error: writing output: No space left on device"
+
+
+@pytest.mark.parametrize(("command", "args", "said"), [
+    ("agentrt", ("runs",), "error: writing output: standard output is closed"),
+    ("agentrt", ("--help",), "error: writing output: standard output is closed"),
+    ("agentrt-export", ("jsonl",), "error: writing events: standard output is closed"),
+])
+def test_a_closed_stdout_is_one_sentence_and_exit_1(db, command, args, said):
+    code, err = run(command, *((*args, "--db", db) if command == "agentrt-export"
+                               else ("--db", db, *args)), close_stdout=True)
+    assert code == 1
+    assert one_line(err) == said
+
+
+@pytest.mark.parametrize("command", ["agentrt", "agentrt-export"])
+def test_an_argument_that_is_not_utf8_is_a_usage_error_that_changes_nothing(db, command):
+    before = snapshot(db)
+    args = (("--db", db, "cancel", b"\xffrun") if command == "agentrt"
+            else ("jsonl", "--db", db, "--run", b"\xffrun"))
+    code, err = run(command, *args)
+    assert code == 2
+    assert one_line(err) == (f"usage: argument {len(args)} (\ufffdrun) is not valid UTF-8; "
+                             "give it in UTF-8")
+    assert snapshot(db) == before
+
+
+def test_a_variable_that_is_not_utf8_is_a_usage_error(db):
+    env = child_env()
+    env_bytes = {k.encode(): v.encode() for k, v in env.items()}
+    env_bytes[b"USER"] = b"\xff"
+    done = subprocess.run([sys.executable, "-m", "agentrt.cli", "--db", db, "runs"],
+                          capture_output=True, stdin=subprocess.DEVNULL, env=env_bytes,
+                          timeout=120)
+    assert done.returncode == 2
+    assert one_line(done.stderr) == "usage: $USER is not valid UTF-8; set it in UTF-8"
