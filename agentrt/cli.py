@@ -12,6 +12,7 @@ before the database is opened. Exit codes: 0 ok, 1 failure (``error: ...``),
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import sys
@@ -24,11 +25,11 @@ import apsw
 import click
 
 from agentrt import view
-from agentrt.clitools import run_click, silence_stdout
+from agentrt.clitools import OUTPUT_CLOSED, run_click, silence_stdout
 from agentrt.errors import AgentrtError, ApprovalChangedError, NotFoundError, SchemaVersionError
 from agentrt.events import Observer
 from agentrt.gojson import dumps, encode_string
-from agentrt.records import Approval, ApprovalStatus
+from agentrt.records import Approval, ApprovalStatus, RunStatus
 from agentrt.render import (
     RUNS_HEADER,
     STEPS_HEADER,
@@ -42,6 +43,7 @@ from agentrt.render import (
     trailer,
 )
 from agentrt.store import Store, open_existing
+from agentrt.store.opening import sqlite_failure
 from agentrt.trace import aligned_line, jsonl_record, sanitize, writer
 
 __all__ = ["cli", "main"]
@@ -51,6 +53,9 @@ T = TypeVar("T")
 
 #: Rows read at a time, whatever ``--limit`` asks for (``--limit 0``: all of them).
 PAGE_SIZE = 500
+
+#: The largest count, offset or seq an option takes: SQLite's integers are 64-bit.
+MAX_INT = 2**63 - 1
 
 _NO_RESUME = (
     "there is no resume command: resuming continues the run's loop, which needs the "
@@ -79,9 +84,10 @@ def page_options(default_limit: int) -> Callable[[F], F]:
     """``--limit`` and ``--offset`` for a listing read in pages."""
 
     def decorate(fn: F) -> F:
-        fn = click.option("--offset", type=click.IntRange(min=0), default=0, metavar="N",
-                          help="Skip this many first.")(fn)
-        fn = click.option("--limit", type=click.IntRange(min=0), default=default_limit,
+        fn = click.option("--offset", type=click.IntRange(min=0, max=MAX_INT), default=0,
+                          metavar="N", help="Skip this many first.")(fn)
+        fn = click.option("--limit", type=click.IntRange(min=0, max=MAX_INT),
+                          default=default_limit,
                           show_default=True, metavar="N",
                           help=f"Show at most N (0: all, read {PAGE_SIZE} at a time).")(fn)
         return fn
@@ -116,8 +122,13 @@ def settings(db: str | None, as_json: bool) -> Settings:
 
 
 def operator_name(by: str | None) -> str:
-    who = by or os.environ.get("USER") or ""
-    if not who:
+    """Who decides: ``--by``, which must name someone, else ``$USER`` unless blank."""
+    if by is not None:
+        if not by.strip():
+            raise click.UsageError("--by is blank: name who decides, e.g. --by alice")
+        return by
+    who = os.environ.get("USER") or ""
+    if not who.strip():
         raise click.UsageError("no name to record the decision under: pass --by or set USER")
     return who
 
@@ -138,14 +149,16 @@ def _schema_sentence(path: str, exc: SchemaVersionError) -> str:
         "with its own runtime, or use the agentrt of its version; agentrt never migrates")
 
 
-def fail(exc: BaseException) -> click.ClickException:
-    """One sentence for an expected failure; the text is the database's, so sanitized."""
-    return click.ClickException(sanitize(str(exc)))
+def fail(exc: BaseException, echoed: Iterable[str] = ()) -> click.ClickException:
+    """One sentence for an expected failure; the text is the database's, so sanitized,
+    and the ``echoed`` values it quotes (the ids typed) are cut as :func:`view.echo` cuts."""
+    return click.ClickException(sanitize(view.echo_in(str(exc), echoed)))
 
 
 @contextmanager
-def opened(s: Settings, *, write: bool = False) -> Iterator[Store]:
-    """The database opened read-only (or read-write to decide), failures as sentences."""
+def opened(s: Settings, *, write: bool = False, echoed: Sequence[str] = ()) -> Iterator[Store]:
+    """The database opened read-only (or read-write to decide), failures as sentences;
+    ``echoed`` are the ids the command was given, cut when an error quotes them."""
     try:
         store = open_existing(s.db, read_only=not write)
     except SchemaVersionError as exc:
@@ -155,9 +168,11 @@ def opened(s: Settings, *, write: bool = False) -> Iterator[Store]:
     try:
         yield store
     except AgentrtError as exc:
-        raise fail(exc) from None
+        raise fail(exc, echoed) from None
     except apsw.Error as exc:
-        raise click.ClickException(sanitize(f"reading {s.db}: {exc}")) from None
+        said = sqlite_failure(s.db, exc, write=write)
+        raise click.ClickException(sanitize(
+            said or f"{'using' if write else 'reading'} {s.db}: {exc}")) from None
     finally:
         store.close()
 
@@ -171,19 +186,41 @@ def binary(stream: IO[str]) -> IO[bytes]:
 
 
 class Out:
-    """Stdout as bytes: JSON is written exactly as encoded, text as UTF-8."""
+    """Stdout as bytes: JSON is written exactly as encoded, text as UTF-8.
+
+    A closed stdout (``>&-``: Python has no ``sys.stdout`` then) fails the first
+    write with an OSError, as a full disk does, rather than an AttributeError.
+    """
 
     def __init__(self) -> None:
-        self.stream = binary(sys.stdout)
+        self.stream: IO[bytes] | None = (
+            binary(sys.stdout) if sys.stdout is not None else None)
+
+    def _stream(self) -> IO[bytes]:
+        if self.stream is None:
+            raise OSError(errno.EBADF, OUTPUT_CLOSED)
+        return self.stream
 
     def line(self, text: str = "") -> None:
-        self.stream.write(text.encode("utf-8", "replace") + b"\n")
+        self._stream().write(text.encode("utf-8", "replace") + b"\n")
 
     def raw(self, data: bytes) -> None:
-        self.stream.write(data)
+        self._stream().write(data)
 
     def flush(self) -> None:
-        self.stream.flush()
+        self._stream().flush()
+
+
+def tell(text: str) -> None:
+    """A line for the person on stderr, beside output that must stay as it is."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+def _empty_page(noun: str, pages: Pages[Any]) -> None:
+    """Say on stderr that an offset skipped everything, as ``runs`` says it."""
+    if not pages.returned and pages.offset:
+        tell(f"no {noun} at offset {pages.offset}; there are {pages.total}")
 
 
 class Array:
@@ -381,7 +418,7 @@ def show(run_id: str, limit: int, offset: int, db: str | None, as_json: bool) ->
     """Show a run: its state, the approval it waits on, and its steps."""
     s = settings(db, as_json)
     out = Out()
-    with opened(s) as store:
+    with opened(s, echoed=(run_id,)) as store:
         page = view.detail_page(store, run_id, page_size(limit), offset)
         steps = Pages(lambda n, at: view.steps_page(store, run_id, n, at), limit, offset,
                       first=(page.steps, page.steps_total))
@@ -394,14 +431,16 @@ def show(run_id: str, limit: int, offset: int, db: str | None, as_json: bool) ->
                 ("steps", Array(st.to_json() for st in steps)),
                 ("steps_total", page.steps_total),
                 ("steps_truncated", lambda: True if steps.more else OMIT),
-                ("approvals", Array(view.bound_approval(a).to_json() for a in approvals)
+                ("approvals", Array(view.approval_json(a) for a in approvals)
                  if page.approvals else OMIT),
                 ("approvals_total", page.approvals_total),
-                ("waiting_approval", view.bound_approval(waiting).to_json()
+                ("waiting_approval", view.approval_json(waiting)
                  if waiting is not None else OMIT),
                 ("limit", limit),
                 ("offset", offset),
             ])
+            out.flush()
+            _empty_page("steps", steps)
             return
         for line in run_header(page.run):
             out.line(line)
@@ -426,6 +465,8 @@ def show(run_id: str, limit: int, offset: int, db: str | None, as_json: bool) ->
             return
         _table(out, STEPS_HEADER, steps, step_row)
         _trail(out, "step", steps)
+        out.flush()
+        _empty_page("steps", steps)
 
 
 @cli.command()
@@ -440,7 +481,7 @@ def events(run_id: str, limit: int, offset: int, db: str | None, as_json: bool) 
     """
     s = settings(db, as_json)
     out = Out()
-    with opened(s) as store:
+    with opened(s, echoed=(run_id,)) as store:
         store.get_run_capped(run_id)
         pages = Pages(lambda n, at: store.list_events_page(run_id, n, at), limit, offset)
         if s.as_json:
@@ -449,11 +490,13 @@ def events(run_id: str, limit: int, offset: int, db: str | None, as_json: bool) 
             if pages.more:
                 out.raw(b'{"meta":true,"truncated":true,"total":%d,"returned":%d,"offset":%d}\n'
                         % (pages.total, pages.returned, offset))
-            return
-        for event in pages:
-            out.raw(aligned_line(event._replace(payload=cap_payload(event.payload)))
-                    .encode("utf-8", "replace"))
-        _trail(out, "event", pages)
+        else:
+            for event in pages:
+                out.raw(aligned_line(event._replace(payload=cap_payload(event.payload)))
+                        .encode("utf-8", "replace"))
+            _trail(out, "event", pages)
+        out.flush()
+        _empty_page("events", pages)
 
 
 # -- decisions -----------------------------------------------------------------
@@ -475,11 +518,14 @@ def _interactive() -> bool:
 
 
 def _confirm(verb: str, a: Approval) -> bool | None:
-    """Ask at the terminal; None when stdin ended before an answer."""
-    sys.stderr.write(f"{verb} approval {sanitize(a.id)} of run {sanitize(a.run_id)}? [y/N] ")
+    """Ask at the terminal; None when stdin ended before an answer (Ctrl-D), which
+    declines as "n" does."""
+    sys.stderr.write(f"{verb} approval {sanitize(view.echo(a.id))} of run "
+                     f"{sanitize(view.echo(a.run_id))}? [y/N] ")
     sys.stderr.flush()
     answer = sys.stdin.readline()
     if not answer:
+        sys.stderr.write("\n")  # nothing typed was echoed: end the prompt's line
         return None
     return answer.strip().lower() in ("y", "yes")
 
@@ -499,6 +545,25 @@ def _report_run(out: Out, summary: view.RunSummary) -> None:
     out.line(f"run {sanitize(summary.id)}: {sanitize(summary.status)}{reason}")
 
 
+def _write_result(out: Out, done: str, write: Callable[[], None]) -> None:
+    """Print the result of a decision already committed: the one place a decision
+    command writes it. A failure to write it (a full disk, a closed stdout) says
+    that ``done`` stands, so nobody takes the decision for lost and makes it again;
+    a reader that went away (a closed pipe) ends the command quietly, as for a listing.
+    """
+    try:
+        write()
+        out.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        if sys.stdout is not None:
+            silence_stdout()  # the interpreter's last flush would fail again
+        cause = exc.strerror or str(exc)
+        raise click.ClickException(
+            sanitize(f"{done}, but writing the result failed: {cause}")) from None
+
+
 def _decide(verb: str, run_id: str, approval_id: str | None, yes: bool, by: str | None,
             note: str, db: str | None, as_json: bool) -> None:
     s = settings(db, as_json)
@@ -507,35 +572,38 @@ def _decide(verb: str, run_id: str, approval_id: str | None, yes: bool, by: str 
     if ask and (s.as_json or not _interactive()):
         raise _refusal(verb)
     out = Out()
-    with opened(s, write=True) as store:
+    with opened(s, write=True, echoed=(run_id, approval_id or "")) as store:
         a = view.pending_approval(store, run_id, approval_id or "")
         if not s.as_json:
             for line in approval_block(a, reason=_reason(store, a)):
                 out.line(line)
             out.flush()
-        if ask:
-            answer = _confirm(verb, a)
-            if answer is None:
-                raise _refusal(verb)
-            if not answer:
-                raise click.ClickException(f"{verb}: declined at the prompt")
+        if ask and not _confirm(verb, a):
+            raise click.ClickException(f"{verb}: declined at the prompt")
         decide = view.approve_shown if verb == "approve" else view.reject_shown
         try:
             decided = decide(store, run_id, a.id, a.hash, who, note, observer=_stderr_trace())
         except ApprovalChangedError:
             raise click.ClickException(
-                f"{verb}: approval {sanitize(a.id)} changed after it was shown; run the "
-                "command again and read it before deciding") from None
+                f"{verb}: approval {sanitize(view.echo(a.id))} changed after it was shown; "
+                "run the command again and read it before deciding") from None
         summary = view.summary_capped(store, run_id)
+
+    def write() -> None:
         if s.as_json:
             write_document(out, {"run": summary.to_json(),
-                                 "approval": view.bound_approval(decided).to_json()})
+                                 "approval": view.approval_json(decided)})
             return
         out.line(f"approval {sanitize(decided.id)}: {sanitize(decided.status)} by "
                  f"{sanitize(decided.decided_by)}")
         _report_run(out, summary)
         if decided.status == ApprovalStatus.APPROVED:
             out.line("the run stays waiting until the consumer resumes it")
+
+    done = f"approval {view.echo(decided.id)} was {decided.status}"
+    if decided.status == ApprovalStatus.REJECTED and summary.status == RunStatus.CANCELLED:
+        done += f" and run {view.echo(run_id)} cancelled"
+    _write_result(out, done, write)
 
 
 def approval_options(fn: F) -> F:
@@ -587,13 +655,17 @@ def cancel(run_id: str, by: str | None, note: str, db: str | None, as_json: bool
     s = settings(db, as_json)
     who = operator_name(by)
     out = Out()
-    with opened(s, write=True) as store:
+    with opened(s, write=True, echoed=(run_id,)) as store:
         view.cancel(store, run_id, who, note, observer=_stderr_trace())
         summary = view.summary_capped(store, run_id)
+
+    def write() -> None:
         if s.as_json:
             write_document(out, {"run": summary.to_json()})
-            return
-        _report_run(out, summary)
+        else:
+            _report_run(out, summary)
+
+    _write_result(out, f"run {view.echo(run_id)} was cancelled", write)
 
 
 # -- verify ----------------------------------------------------------------------
@@ -611,19 +683,24 @@ class HeadType(click.ParamType):  # type: ignore[type-arg]  # generic only from 
         text = str(value)
         seq_text, sep, digest = text.partition(":")
         digest = digest.lower()
-        if (not sep or not seq_text.isdigit() or not seq_text.isascii() or int(seq_text) < 1
+        digits = seq_text.lstrip("0")
+        if (not sep or not seq_text.isdigit() or not seq_text.isascii() or not digits
                 or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest)):
-            self.fail(f"{text!r} is not SEQ:HASH, a seq of 1 or more and the 64 hex digits "
-                      "of its hash, as verify prints them on its 'last checked' line",
-                      param, ctx)
-        return int(seq_text), digest
+            self.fail(f"{view.echo(text)!r} is not SEQ:HASH, a seq of 1 or more and the 64 "
+                      "hex digits of its hash, as verify prints them on its 'last checked' "
+                      "line", param, ctx)
+        # The length first: Python refuses int() of thousands of digits.
+        if len(digits) > len(str(MAX_INT)) or int(digits) > MAX_INT:
+            self.fail(f"seq {view.echo(digits)} is over {MAX_INT}, the largest seq an event "
+                      "can have", param, ctx)
+        return int(digits), digest
 
 
 @cli.command()
-@click.option("--from", "from_seq", type=click.IntRange(min=0), default=0, metavar="N",
-              help="First seq to check (default: 1).")
-@click.option("--to", "to_seq", type=click.IntRange(min=0), default=0, metavar="N",
-              help="Last seq to check (default: the newest event).")
+@click.option("--from", "from_seq", type=click.IntRange(min=0, max=MAX_INT), default=0,
+              metavar="N", help="First seq to check (default: 1).")
+@click.option("--to", "to_seq", type=click.IntRange(min=0, max=MAX_INT), default=0,
+              metavar="N", help="Last seq to check (default: the newest event).")
 @click.option("--head", "kept", type=HeadType(), default=None,
               help="A head kept from an earlier check; it must still be there with "
                    "this hash, which catches events cut from the end.")

@@ -207,6 +207,32 @@ def test_show_json_carries_the_run_steps_and_bounded_approvals(ops):
     assert doc["approvals"][0]["id"] == ops.approval
 
 
+def test_show_json_keeps_an_approval_column_that_is_not_json_as_a_flagged_string(ops):
+    """As ``events --json`` keeps a payload that is not JSON (``"invalid_payload": true``)."""
+    huge = "{" + "x" * 50_000
+    with ops.kit.store.tx() as tx:
+        tx.execute("UPDATE approvals SET presentation_json = '{', capability_json = ? "
+                   "WHERE id = ?", (huge, ops.approval))
+    text = run(ops, "show", ops.waiting)
+    assert text.code == 0 and "presentation:\n  value (1 bytes)\n    {\n" in text.stdout
+    result = run(ops, "show", ops.waiting, "--json")
+    assert result.code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    for a in (doc["waiting_approval"], doc["approvals"][0]):
+        assert list(a)[4:8] == ["capability", "invalid_capability", "presentation",
+                                "invalid_presentation"]
+        assert (a["presentation"], a["invalid_presentation"]) == ("{", True)
+        assert a["invalid_capability"] is True
+        assert a["capability"].startswith("{xxx") and "bytes omitted" in a["capability"]
+        assert len(a["capability"]) < 500  # bounded as a JSON value is
+        assert a["hash"] == ops.hash
+    with ops.kit.store.tx() as tx:  # valid columns carry no flag
+        tx.execute("UPDATE approvals SET presentation_json = '{}', capability_json = '{}' "
+                   "WHERE id = ?", (ops.approval,))
+    doc = json.loads(run(ops, "show", ops.waiting, "--json").stdout)
+    assert not [k for k in doc["waiting_approval"] if k.startswith("invalid_")]
+
+
 def test_show_limit_and_offset_page_steps(ops, monkeypatch):
     page = run(ops, "show", ops.waiting, "--limit", "1", "--offset", "1")
     out = page.stdout
@@ -398,8 +424,11 @@ def test_a_terminal_asks_before_deciding(ops, monkeypatch):
     assert declined.stderr.endswith(
         f"approve approval {ops.approval} of run {ops.waiting}? [y/N] "
         "error: approve: declined at the prompt\n")
-    ended = run(ops, "approve", ops.waiting, input="")
-    assert ended.code == 2 and "usage: approve: refusing without --approval" in ended.stderr
+    ended = run(ops, "approve", ops.waiting, input="")  # Ctrl-D: declines as "n" does
+    assert ended.code == 1
+    assert ended.stderr.endswith(
+        f"approve approval {ops.approval} of run {ops.waiting}? [y/N] \n"
+        "error: approve: declined at the prompt\n")
     assert snapshot(ops.path) == before
     agreed = run(ops, "reject", ops.waiting, input="yes\n")
     assert agreed.code == 0, agreed.stderr
@@ -751,6 +780,39 @@ def test_an_error_quoting_the_database_is_sanitized(ops):
     assert result.code == 1
     assert "\x1b" not in result.stderr and "\u202e" not in result.stderr
     assert "evil\\x1b[31m\\u{202e}: more than one pending approval" in result.stderr
+
+
+def test_an_id_echoed_in_an_error_is_cut_to_80_characters(ops):
+    """A 100,000-character id typed (or stored) is quoted by its head and its length."""
+    long_run = "r" * 100_000
+    cut = "r" * 80 + "…(100000 characters)"
+    for args in (["show", long_run], ["events", long_run], ["cancel", long_run],
+                 ["approve", long_run, "--yes"], ["reject", long_run, "--yes"]):
+        result = run(ops, *args)
+        assert result.code == 1
+        assert result.stderr == f"error: agentrt: not found: run {cut}\n", args
+    evil = "\x1b" * 100_000
+    result = run(ops, "approve", ops.waiting, "--approval", evil)
+    assert result.code == 1
+    assert result.stderr == ("error: agentrt: not found: approval " + "\\x1b" * 80
+                             + f"…(100000 characters) of run {ops.waiting}\n")
+    # Ids from the database, listed to choose from, are cut too.
+    stored = "a" * 100_000
+    with ops.kit.store.tx() as tx:
+        tx.execute("INSERT INTO approvals (id, run_id, step_id, kind, capability_json, "
+                   "presentation_json, request_json, hash, status, created_at) "
+                   "SELECT ?, run_id, step_id, kind, capability_json, presentation_json, "
+                   "request_json, hash, status, created_at FROM approvals WHERE id = ?",
+                   (stored, ops.approval))
+    vague = run(ops, "approve", ops.waiting, "--yes")
+    assert vague.code == 1 and len(vague.stderr) < 400
+    assert f"name one of {ops.approval}, {'a' * 80}…(" in vague.stderr
+    named = run(ops, "approve", ops.waiting, "--approval", stored)
+    assert named.code == 0, named.stderr
+    again = run(ops, "approve", ops.waiting, "--approval", stored)
+    assert again.code == 1
+    assert again.stderr == (f"error: approval {'a' * 80}…(100000 characters) is approved: "
+                            "approval is not pending\n")
 
 
 def test_read_commands_open_read_only_and_decisions_read_write(ops, monkeypatch):

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 
 import apsw
 import pytest
@@ -16,9 +18,11 @@ from _cli_kit import HUGE_GOAL_CHARS, Kit, child_env, make_runs_db, run_child, s
 
 from agentrt.gojson import dumps
 from agentrt.records import approval_hash
-from agentrt.store import open_store
+from agentrt.store import open_existing, open_store
 
 MB = 1024 * 1024
+#: One past the largest integer SQLite stores.
+BIG = str(2**63)
 
 
 @pytest.fixture
@@ -174,6 +178,21 @@ def test_a_typed_no_declines_and_changes_nothing(ops):
     assert snapshot(ops["db"]) == before
 
 
+def test_end_of_input_at_the_prompt_declines_as_no_does(ops):
+    """Ctrl-D at a real terminal: declined (exit 1), not a refusal for want of a terminal."""
+    before = snapshot(ops["db"])
+    proc, master = _at_a_terminal(["--db", ops["db"], "approve", ops["waiting"]])
+    try:
+        _wait_for(proc.stderr, b"[y/N] ")
+        os.write(master, b"\x04")  # the terminal's end-of-file character
+        _, err = proc.communicate(timeout=30)
+    finally:
+        os.close(master)
+    assert proc.returncode == 1, err
+    assert err == b"\nerror: approve: declined at the prompt\n"  # after the prompt
+    assert snapshot(ops["db"]) == before
+
+
 # -- a huge database ---------------------------------------------------------------------
 
 
@@ -237,3 +256,212 @@ def test_a_closed_pipe_ends_the_listing_quietly(huge):
     reader.wait(timeout=30)
     assert proc.returncode == 0
     assert proc.stderr == b""
+
+
+# -- what the decisions, the pages and the openers say -----------------------------------
+
+
+def _agentrt(*args: str, prefix: Sequence[str] = (), stdout: object = subprocess.PIPE,
+             close_stdout: bool = False, env: dict[str, str] | None = None,
+             ) -> subprocess.CompletedProcess[bytes]:
+    """``agentrt ARGS`` as a real process, its stdout piped, /dev/full, or closed."""
+    return subprocess.run(
+        [*prefix, sys.executable, "-m", "agentrt.cli", *args], stdin=subprocess.DEVNULL,
+        stdout=None if close_stdout else stdout, stderr=subprocess.PIPE,
+        env=env or child_env(), timeout=120,
+        preexec_fn=(lambda: os.close(1)) if close_stdout else None)
+
+
+@pytest.mark.parametrize(("verb", "args", "stdout", "done"), [
+    ("cancel", [], "full", "run {waiting} was cancelled"),
+    ("cancel", ["--json"], "closed", "run {waiting} was cancelled"),
+    ("approve", ["--json", "--yes"], "full", "approval {approval} was approved"),
+    ("reject", ["--json", "--approval", "{approval}"], "closed",
+     "approval {approval} was rejected and run {waiting} cancelled"),
+])
+def test_a_decision_whose_result_cannot_be_written_says_it_was_recorded(
+        ops, verb, args, stdout, done):
+    subs = {"{waiting}": ops["waiting"], "{approval}": ops["approval"]}
+    argv = ["--db", ops["db"], verb, ops["waiting"], *[subs.get(a, a) for a in args]]
+    with open(os.devnull if stdout == "closed" else "/dev/full", "wb") as sink:
+        result = _agentrt(*argv, stdout=sink, close_stdout=stdout == "closed")
+    cause = "No space left on device" if stdout == "full" else "standard output is closed"
+    for key, value in subs.items():
+        done = done.replace(key, value)
+    assert result.returncode == 1
+    lines = result.stderr.decode().splitlines()
+    assert lines[-1] == f"error: {done}, but writing the result failed: {cause}"
+    assert all(line[:4].isdigit() for line in lines[:-1])  # the rest is the decision's trace
+    assert b"Traceback" not in result.stderr
+    with open_existing(ops["db"]) as store:  # the decision stands, as the sentence says
+        run = store.get_run(ops["waiting"])
+        approval = store.get_approval(ops["waiting"], ops["approval"])
+    expected = {"cancel": ("CANCELLED", "operator_cancelled", "pending"),
+                "approve": ("WAITING_FOR_APPROVAL", "", "approved"),
+                "reject": ("CANCELLED", "approval_rejected", "rejected")}[verb]
+    assert (run.status, run.reason, approval.status) == expected
+
+
+def test_an_approval_block_that_cannot_be_written_decides_nothing(ops):
+    """The block is printed before deciding: if it cannot be, nothing is decided."""
+    before = snapshot(ops["db"])
+    with open("/dev/full", "wb") as full:
+        result = _agentrt("--db", ops["db"], "approve", ops["waiting"], "--yes", stdout=full)
+    assert (result.returncode, result.stderr) == (
+        1, b"error: writing output: No space left on device\n")
+    assert snapshot(ops["db"]) == before
+
+
+@pytest.mark.parametrize("verb", ["approve", "reject"])
+def test_deciding_an_expired_approval_says_it_expired_and_the_run_was_cancelled(ops, verb):
+    conn = apsw.Connection(ops["db"])
+    conn.execute("UPDATE approvals SET expires_at = '2000-01-01T00:00:00Z' WHERE id = ?",
+                 (ops["approval"],))
+    conn.close()
+    result = run_child("--db", ops["db"], verb, ops["waiting"], "--yes")
+    assert result.code == 1
+    lines = result.stderr.decode().splitlines()
+    decided = {"approve": "approved", "reject": "rejected"}[verb]
+    assert lines[-1] == (
+        f"error: approval {ops['approval']} expired at 2000-01-01T00:00:00Z, so it was not "
+        f"{decided} and run {ops['waiting']} was cancelled (approval_expired): approval has "
+        "expired")
+    # What the command itself recorded, as the reference records it.
+    assert [line.split()[3] for line in lines[:-1]] == ["approval.decided", "run.finished"]
+    assert '"status":"expired"' in lines[0] and '"reason":"approval_expired"' in lines[1]
+    with open_existing(ops["db"]) as store:
+        run = store.get_run(ops["waiting"])
+        approval = store.get_approval(ops["waiting"], ops["approval"])
+    assert (run.status, run.reason, approval.status) == ("CANCELLED", "approval_expired",
+                                                         "expired")
+
+
+@pytest.mark.parametrize(("extra", "user", "message"), [
+    (["--by", ""], "tester", "usage: --by is blank: name who decides, e.g. --by alice"),
+    (["--by", "  \t "], "tester", "usage: --by is blank: name who decides, e.g. --by alice"),
+    ([], " ", "usage: no name to record the decision under: pass --by or set USER"),
+    ([], "", "usage: no name to record the decision under: pass --by or set USER"),
+])
+def test_a_blank_name_to_decide_under_is_a_usage_error(ops, extra, user, message):
+    before = snapshot(ops["db"])
+    for command in (["approve", ops["waiting"], "--yes"], ["cancel", ops["waiting"]]):
+        result = run_child("--db", ops["db"], *command, *extra, env=child_env(USER=user))
+        assert result.code == 2, result.stderr
+        assert result.stderr.decode().splitlines()[0] == message
+        assert result.stdout == b""
+    assert snapshot(ops["db"]) == before
+
+
+@pytest.mark.parametrize("args", [
+    ["runs", "--offset", BIG],
+    ["show", "{waiting}", "--offset", BIG],
+    ["events", "{waiting}", "--offset", BIG],
+    ["events", "{waiting}", "--limit", BIG],
+    ["verify", "--from", BIG],
+    ["verify", "--to", BIG],
+    ["verify", "--head", f"{BIG}:{'a' * 64}"],
+    ["verify", "--head", f"{'1' * 5000}:{'a' * 64}"],
+])
+def test_a_number_past_sqlites_range_is_a_usage_error(ops, args):
+    result = run_child("--db", ops["db"], *[ops["waiting"] if a == "{waiting}" else a
+                                            for a in args])
+    assert result.code == 2, result.stderr
+    first = result.stderr.decode().splitlines()[0]
+    assert first.startswith("usage: ") and str(2**63 - 1) in first
+    assert b"Traceback" not in result.stderr and result.stdout == b""
+    assert len(first) < 300
+
+
+def test_an_offset_past_the_end_is_said_on_stderr_and_stdout_stays_clean(ops):
+    with open_existing(ops["db"]) as store:
+        events = len(store.list_events(ops["waiting"]))
+    note = f"no events at offset 1000; there are {events}\n".encode()
+    for extra in ([], ["--json"]):
+        result = run_child("--db", ops["db"], "events", ops["waiting"], "--offset", "1000",
+                           *extra)
+        assert (result.code, result.stdout, result.stderr) == (0, b"", note)
+    note = b"no steps at offset 1000; there are 3\n"
+    shown = run_child("--db", ops["db"], "show", ops["waiting"], "--offset", "1000")
+    assert (shown.code, shown.stderr) == (0, note)
+    assert shown.stdout.startswith(f"run     {ops['waiting']}".encode())
+    assert b"STEP" not in shown.stdout
+    as_json = run_child("--db", ops["db"], "show", ops["waiting"], "--offset", "1000", "--json")
+    assert (as_json.code, as_json.stderr) == (0, note)
+    doc = json.loads(as_json.stdout)
+    assert (doc["steps"], doc["steps_total"], doc["offset"]) == ([], 3, 1000)
+    within = run_child("--db", ops["db"], "events", ops["waiting"], "--offset", "1")
+    assert within.code == 0 and within.stderr == b""  # a page with rows needs no note
+
+
+# A root test process reads any file: its child drops that, as the audit did.
+_DROP_CAPS = ["--inh-caps=-all", "--bounding-set", "-dac_override,-dac_read_search,-fowner"]
+
+
+def _without_file_privileges() -> list[str]:
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or subprocess.run([setpriv, *_DROP_CAPS, "true"],
+                                         capture_output=True).returncode != 0:
+        pytest.skip("root bypasses file modes and setpriv cannot drop that here")
+    return [setpriv, *_DROP_CAPS]
+
+
+@pytest.mark.parametrize(("case", "command", "says"), [
+    ("mode-000", "runs", "{db} cannot be opened: permission denied, this user may not read it "
+                         "(----------, owner uid {uid}); as its owner, chmod 600 {db}"),
+    ("mode-000", "cancel", "{db} cannot be opened: permission denied, this user may not read "
+                           "and write it (----------, owner uid {uid}); as its owner, chmod "
+                           "600 {db}"),
+    ("read-only-file", "cancel", "{db} is read-only to this user (-r--------, owner uid {uid}) "
+                                 "and this needs to write it: as its owner, chmod 600 {db}"),
+    ("read-only-directory", "cancel",
+     "{db} is in a directory this user cannot write ({dir}): to write the database SQLite "
+     "creates ops.db-wal and ops.db-shm (or ops.db-journal) beside it; as the directory's "
+     "owner, chmod u+w {dir}, or move the database to a directory this user can write"),
+])
+def test_an_open_refused_by_permissions_says_why_and_the_fix(ops, tmp_path, case, command,
+                                                              says):
+    prefix = _without_file_privileges()
+    before = snapshot(ops["db"])
+    # A reader leaves the -wal and -shm; a writer's last close removes them, and without
+    # them SQLite must create them to write: that is what a read-only directory refuses.
+    conn = apsw.Connection(ops["db"])
+    conn.execute("SELECT count(*) FROM runs").fetchall()
+    conn.close()
+    assert sorted(os.listdir(tmp_path)) == ["ops.db"]
+    args = ["--db", ops["db"], command] + ([] if command == "runs" else [ops["waiting"]])
+    os.chmod(ops["db"], {"mode-000": 0o000, "read-only-file": 0o400}.get(case, 0o600))
+    if case == "read-only-directory":
+        os.chmod(tmp_path, 0o500)
+    try:
+        result = _agentrt(*args, prefix=prefix)
+    finally:
+        os.chmod(tmp_path, 0o700)
+        os.chmod(ops["db"], 0o600)
+    for key, value in {"{db}": ops["db"], "{dir}": str(tmp_path),
+                       "{uid}": str(os.getuid())}.items():
+        says = says.replace(key, value)
+    assert result.returncode == 1
+    assert result.stderr.decode() == f"error: agentrt: open store: {says}\n"
+    assert result.stdout == b""
+    assert snapshot(ops["db"]) == before
+
+
+def test_a_database_another_process_holds_locked_says_so(ops):
+    """A rollback-journal database whose writer holds its lock past the busy timeout."""
+    other = apsw.Connection(ops["db"])
+    other.execute("PRAGMA journal_mode=DELETE")
+    before = snapshot(ops["db"])
+    other.execute("BEGIN EXCLUSIVE")
+    try:
+        result = run_child("--db", ops["db"], "runs")
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert result.code == 1
+    assert result.stderr.decode() == (
+        f"error: agentrt: open store: {ops['db']} is locked: another process holds its write "
+        "lock and kept it past the 5 s busy timeout; nothing was changed, try again when it "
+        "has finished\n")
+    assert snapshot(ops["db"]) == before

@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
 import apsw
 import pytest
-from store_helpers import build_old_database, file_state, fill, insert_run, mode_of, raw
+from store_helpers import (
+    build_old_database,
+    child_env,
+    file_state,
+    fill,
+    insert_run,
+    mode_of,
+    raw,
+)
 
 import agentrt
 from agentrt import (
@@ -21,7 +31,7 @@ from agentrt import (
     open_existing,
     open_store,
 )
-from agentrt.store import ReadOnlyStoreError, StoreOpenError
+from agentrt.store import ReadOnlyStoreError, StoreOpenError, opening
 
 posix_modes = pytest.mark.skipif(sys.platform == "win32", reason="modes mean nothing there")
 
@@ -550,6 +560,109 @@ def test_bad_input_messages_are_one_sentence_each(tmp_path):
     for message in messages:
         assert "\n" not in message
         assert len(re.findall(r"\.\s+[A-Z]", message)) == 0  # no second sentence
+
+
+# -- what keeps SQLite from the file: permissions, a read-only directory, a lock -------
+
+#: What root's file access rests on; without them root meets file modes as any user.
+_DROP_CAPS = ["--inh-caps=-all", "--bounding-set", "-dac_override,-dac_read_search,-fowner"]
+
+_OPEN_AND_SAY = (
+    "import sys\n"
+    "from agentrt import open_existing\n"
+    "try:\n"
+    "    open_existing(sys.argv[1], read_only=sys.argv[2] == 'ro').close()\n"
+    "except Exception as exc:\n"
+    "    print(type(exc).__name__, exc)\n"
+    "else:\n"
+    "    print('opened')\n"
+)
+
+
+def without_file_privileges() -> list[str]:
+    """The command prefix that runs a child bound by file modes: none for a user;
+    for root, setpriv dropping the capabilities that bypass them. Skips the test
+    when root cannot drop them here."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or subprocess.run([setpriv, *_DROP_CAPS, "true"],
+                                         capture_output=True).returncode != 0:
+        pytest.skip("root bypasses file modes and setpriv cannot drop that here")
+    return [setpriv, *_DROP_CAPS]
+
+
+@posix_modes
+@pytest.mark.parametrize(("case", "how", "says"), [
+    ("mode-000", "ro", ["cannot be opened: permission denied, this user may not read it "
+                        "(----------, owner uid {uid}); as its owner, chmod 600 {path}"]),
+    ("mode-000", "rw", ["cannot be opened: permission denied, this user may not read and "
+                        "write it (----------, owner uid {uid}); as its owner, chmod 600 {path}"]),
+    ("read-only-file", "rw", ["is read-only to this user (-r--------, owner uid {uid}) and "
+                              "this needs to write it: as its owner, chmod 600 {path}"]),
+    ("read-only-file", "ro", []),
+    ("read-only-directory", "rw", ["is in a directory this user cannot write ({dir}): to "
+                                   "write the database SQLite creates a.db-wal and a.db-shm",
+                                   "chmod u+w {dir}"]),
+])
+def test_an_open_that_permissions_refuse_says_the_cause_and_the_fix(tmp_path, case, how, says):
+    prefix = without_file_privileges()
+    folder = tmp_path / "d"
+    folder.mkdir()
+    path = new_db(folder)
+    before = file_state(path)
+    listing = sorted(os.listdir(folder))
+    mode = {"mode-000": 0o000, "read-only-file": 0o400}.get(case, 0o600)
+    os.chmod(path, mode)
+    if case == "read-only-directory":
+        os.chmod(folder, 0o500)
+    try:
+        done = subprocess.run([*prefix, sys.executable, "-c", _OPEN_AND_SAY, path, how],
+                              capture_output=True, text=True, env=child_env(), timeout=60)
+    finally:
+        os.chmod(folder, 0o700)
+        os.chmod(path, 0o600)
+    assert done.returncode == 0, done.stderr
+    said = done.stdout.strip()
+    if not says:
+        assert said == "opened"
+    else:
+        assert said.startswith(f"StoreOpenError agentrt: open store: {path} ")
+        message = said[len("StoreOpenError "):]
+        subs = {"{path}": path, "{dir}": str(folder), "{uid}": str(os.getuid())}
+        for part in says:
+            for key, value in subs.items():
+                part = part.replace(key, value)
+            assert part in message
+        one_sentence(message, path, "chmod")
+    assert file_state(path)[:2] == before[:2]  # not written
+    # Nothing else beside it but the empty -wal and the -shm any read of a WAL file leaves.
+    left = set(os.listdir(folder)) - set(listing)
+    assert left <= {"a.db-wal", "a.db-shm"}
+    assert "a.db-wal" not in left or os.path.getsize(path + "-wal") == 0
+
+
+@pytest.mark.parametrize("read_only", [True, False])
+def test_an_open_another_process_holds_locked_says_so_and_to_try_again(tmp_path, monkeypatch,
+                                                                        read_only):
+    path = new_db(tmp_path)
+    other = raw(path)
+    other.execute("PRAGMA journal_mode=DELETE")  # a rollback journal: its lock bars readers
+    before = file_state(path)
+    monkeypatch.setattr(opening, "BUSY_TIMEOUT_MS", 200)
+    other.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(StoreOpenError) as info:
+            open_existing(path, read_only=read_only)
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    message = str(info.value)
+    assert message == (
+        f"agentrt: open store: {path} is locked: another process holds its write lock and "
+        "kept it past the 0.2 s busy timeout; nothing was changed, try again when it has "
+        "finished")
+    assert file_state(path) == before
 
 
 def test_public_names():

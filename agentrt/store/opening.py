@@ -39,6 +39,7 @@ __all__ = [
     "open_writer",
     "refuse_unsafe_schema",
     "secure_files",
+    "sqlite_failure",
     "sqlite_uri",
     "switch_to_wal",
 ]
@@ -207,8 +208,77 @@ def close_quietly(conn: apsw.Connection | None) -> None:
             conn.close()
 
 
+def _owner_fix(path: str, st: os.stat_result) -> str:
+    """The fix for a file this user may not use as it is: its owner makes it 0600."""
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        return (f"run agentrt as the user that owns it (uid {st.st_uid}), or have that user "
+                f"chmod 600 {path}")
+    return f"as its owner, chmod 600 {path}"
+
+
+def _directory_of(path: str) -> str:
+    return os.path.dirname(os.path.abspath(path))
+
+
+def _read_only_file(path: str) -> str | None:
+    """The sentence for a database this user cannot write, or None when it can."""
+    try:
+        st = os.stat(path)
+        if os.access(path, os.W_OK):
+            return None
+        on_read_only_fs = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        return None
+    if on_read_only_fs:
+        return (f"{path} is on a read-only file system and this needs to write it: copy it "
+                "to a writable one, or remount that one read-write")
+    return (f"{path} is read-only to this user ({stat.filemode(st.st_mode)}, owner uid "
+            f"{st.st_uid}) and this needs to write it: {_owner_fix(path, st)}")
+
+
+def _unopenable(path: str, *, write: bool) -> str | None:
+    """Permission denied on the database (or a -wal/-shm beside it), said with the fix."""
+    for name, wanted in ((path, os.R_OK | (os.W_OK if write else 0)),
+                         (path + "-wal", os.R_OK | os.W_OK), (path + "-shm", os.R_OK | os.W_OK)):
+        try:
+            st = os.stat(name)
+        except OSError:
+            continue
+        if os.access(name, wanted):
+            continue
+        can = "read and write" if wanted & os.W_OK else "read"
+        return (f"{name} cannot be opened: permission denied, this user may not {can} it "
+                f"({stat.filemode(st.st_mode)}, owner uid {st.st_uid}); "
+                f"{_owner_fix(name, st)}")
+    return None
+
+
+def sqlite_failure(path: str, exc: apsw.Error, *, write: bool) -> str | None:
+    """One sentence for a SQLite error whose cause lies outside the file's content
+    (permissions, a read-only file or directory, another process's lock): what
+    happened and the fix. None for the others, which are said as SQLite says them.
+    """
+    if isinstance(exc, (apsw.BusyError, apsw.LockedError)):
+        return (f"{path} is locked: another process holds its write lock and kept it past "
+                f"the {BUSY_TIMEOUT_MS / 1000:g} s busy timeout; nothing was changed, try "
+                "again when it has finished")
+    if isinstance(exc, apsw.ReadOnlyError) and write:
+        directory = _directory_of(path)
+        if (_extended(exc) == apsw.SQLITE_READONLY_DIRECTORY
+                or not os.access(directory, os.W_OK | os.X_OK)):
+            name = os.path.basename(path)
+            return (f"{path} is in a directory this user cannot write ({directory}): to "
+                    f"write the database SQLite creates {name}-wal and {name}-shm (or "
+                    f"{name}-journal) beside it; as the directory's owner, chmod u+w "
+                    f"{directory}, or move the database to a directory this user can write")
+        return _read_only_file(path)
+    if isinstance(exc, (apsw.CantOpenError, apsw.PermissionsError, apsw.AuthError)):
+        return _unopenable(path, write=write)
+    return None
+
+
 @contextlib.contextmanager
-def _opening(path: str, conns: list[apsw.Connection]) -> Iterator[None]:
+def _opening(path: str, conns: list[apsw.Connection], *, write: bool = True) -> Iterator[None]:
     """Close what was opened if opening fails, and word SQLite's errors."""
     try:
         yield
@@ -220,7 +290,8 @@ def _opening(path: str, conns: list[apsw.Connection]) -> Iterator[None]:
                 f"{path} is not a SQLite database; name the agentrt database file"
             ) from exc
         if isinstance(exc, apsw.Error):
-            raise StoreOpenError(f"{path}: {exc}") from exc
+            said = sqlite_failure(path, exc, write=write)
+            raise StoreOpenError(said or f"{path}: {exc}") from exc
         raise
 
 
@@ -267,8 +338,13 @@ def open_reader(path: str, read_only: bool) -> tuple[apsw.Connection, apsw.Conne
     secure_files(path, create=False, write=not read_only)
     params = {"mode": "ro"} if read_only else {"mode": "rw"}
     conns: list[apsw.Connection] = []
-    with _opening(path, conns):
+    with _opening(path, conns, write=not read_only):
         conns.append(connect(sqlite_uri(path, params), write=not read_only))
+        if not read_only and conns[0].readonly("main"):
+            # SQLite opens a file it may not write read-only, silently; the
+            # first write would fail, after whatever came before it.
+            refusal = _read_only_file(path)
+            raise StoreOpenError(refusal or f"{path} can only be opened read-only")
         try:
             refuse_unsafe_schema(conns[0], path)
         except apsw.ReadOnlyError as exc:

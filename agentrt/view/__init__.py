@@ -11,6 +11,7 @@ huge value showable. The ``agentrt`` command is a thin renderer over this.
 
 from agentrt.view.bounding import (
     MAX_FIELD_BYTES,
+    approval_json,
     bound_approval,
     bound_raw,
     bound_string,
@@ -27,14 +28,18 @@ from agentrt.view.decisions import (
     reject_shown,
 )
 from agentrt.view.errors import (
+    ECHO_CHARS,
     AmbiguousApprovalError,
     ApprovalDecidedError,
     ApprovalNotPendingError,
     DatabaseLockedError,
+    ExpiredApprovalError,
     NoPendingApprovalError,
     RunFinishedError,
     RunNotWaitingError,
     ViewError,
+    echo,
+    echo_in,
 )
 from agentrt.view.summaries import (
     RunDetail,
@@ -53,6 +58,7 @@ from agentrt.view.summaries import (
 )
 
 __all__ = [
+    "ECHO_CHARS",
     "MAX_FIELD_BYTES",
     "MAX_LISTED_PENDING",
     "AmbiguousApprovalError",
@@ -60,6 +66,7 @@ __all__ = [
     "ApprovalNotPendingError",
     "ChainCheck",
     "DatabaseLockedError",
+    "ExpiredApprovalError",
     "KeptHead",
     "NoPendingApprovalError",
     "RunDetail",
@@ -69,6 +76,7 @@ __all__ = [
     "RunSummary",
     "StepSummary",
     "ViewError",
+    "approval_json",
     "approve",
     "approve_shown",
     "bound_approval",
@@ -79,6 +87,8 @@ __all__ = [
     "check_chain",
     "detail",
     "detail_page",
+    "echo",
+    "echo_in",
     "pending_approval",
     "pending_approval_id",
     "reject",

@@ -14,13 +14,14 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from agentrt.gojson import Raw, dumps
+from agentrt.gojson import Raw, dumps, is_valid
 from agentrt.records import Approval
 
 __all__ = [
     "BOUND_HEAD_BYTES",
     "BOUND_TAIL_BYTES",
     "MAX_FIELD_BYTES",
+    "approval_json",
     "bound_approval",
     "bound_raw",
     "bound_string",
@@ -122,3 +123,29 @@ def bound_approval(approval: Approval) -> Approval:
         presentation=bound_raw(approval.presentation),
         request=request,
     )
+
+
+def approval_json(approval: Approval) -> dict[str, Any]:
+    """The approval's JSON form, bounded (:func:`bound_approval`), whatever its columns hold.
+
+    A capability or presentation that is not JSON is kept as a string (bounded
+    too) followed by ``"invalid_capability": true`` or
+    ``"invalid_presentation": true``, as an event payload that is not JSON is
+    kept with ``"invalid_payload": true``, rather than failing the whole document.
+    """
+    bounded = bound_approval(approval)
+    doc = bounded.to_json()
+    invalid = {key: raw for key, raw in (("capability", bounded.capability),
+                                         ("presentation", bounded.presentation))
+               if raw.strip() and not is_valid(raw)}
+    if not invalid:
+        return doc
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        raw = invalid.get(key)
+        if raw is None:
+            out[key] = value
+            continue
+        out[key] = bound_string(raw.decode("utf-8", "replace"))
+        out[f"invalid_{key}"] = True
+    return out

@@ -16,18 +16,21 @@ from typing import TYPE_CHECKING
 
 import apsw
 
-from agentrt.errors import NotPendingError, RunStateError
+from agentrt.errors import AgentrtError, ApprovalExpiredError, NotPendingError, RunStateError
 from agentrt.events import Observer
-from agentrt.records import Approval, ApprovalStatus, Run, RunStatus
+from agentrt.records import Approval, ApprovalStatus, Reason, Run, RunStatus
 from agentrt.store import Store
 from agentrt.view.errors import (
     AmbiguousApprovalError,
     ApprovalDecidedError,
     ApprovalNotPendingError,
     DatabaseLockedError,
+    ExpiredApprovalError,
     NoPendingApprovalError,
     RunFinishedError,
     RunNotWaitingError,
+    echo,
+    echo_in,
 )
 
 if TYPE_CHECKING:
@@ -54,34 +57,55 @@ def pending_approval(store: Store, run_id: str, approval_id: str = "") -> Approv
 
     The run must be waiting for approval. Named, the approval must be pending;
     unnamed, the run must have exactly one pending approval, else the error
-    names up to twenty of them so the operator can pick.
+    names up to twenty of them so the operator can pick. Ids are quoted cut to
+    :data:`~agentrt.view.errors.ECHO_CHARS` characters.
     """
     run = store.get_run_capped(run_id)
     if run.status != RunStatus.WAITING_FOR_APPROVAL:
-        raise RunNotWaitingError(f"run {run_id} is {run.status}, not waiting for approval")
+        raise RunNotWaitingError(
+            f"run {echo(run_id)} is {echo(run.status)}, not waiting for approval")
     if approval_id:
         approval = store.get_approval(run_id, approval_id)
         if approval.status != ApprovalStatus.PENDING:
-            raise ApprovalNotPendingError(f"approval {approval_id} is {approval.status}")
+            raise ApprovalNotPendingError(
+                f"approval {echo(approval_id)} is {echo(approval.status)}")
         return approval
     page, total = store.list_approvals_page(
         run_id, ApprovalStatus.PENDING.value, MAX_LISTED_PENDING, 0)
     if total == 0 or not page:
-        raise NoPendingApprovalError(f"run {run_id}")
+        raise NoPendingApprovalError(f"run {echo(run_id)}")
     if total == 1:
         return store.get_approval(run_id, page[0].id)
     ids = [a.id for a in page]
-    named = ", ".join(ids)
+    named = ", ".join(echo(i) for i in ids)
     if total > len(ids):
         named += f", and {total - len(ids)} more"
     raise AmbiguousApprovalError(
-        f"run {run_id} has {total} pending approvals, name one of {named}", ids, total)
+        f"run {echo(run_id)} has {total} pending approvals, name one of {named}", ids, total)
+
+
+def _expired(store: Store, run_id: str, exc: ApprovalExpiredError, deciding: str,
+             quoted: tuple[str, ...]) -> ExpiredApprovalError:
+    """What an expired approval came to: the decision found it past its expiry and
+    expired it instead, which cancels the run (the reference's behaviour)."""
+    detail = echo_in(exc.detail, quoted)
+    try:
+        run = store.get_run_capped(run_id)
+    except (AgentrtError, apsw.Error):
+        return ExpiredApprovalError(detail)
+    if run.status == RunStatus.CANCELLED and run.reason == Reason.APPROVAL_EXPIRED:
+        detail += (f", so it was not {deciding or 'decided'} and run {echo(run_id)} was "
+                   f"cancelled ({Reason.APPROVAL_EXPIRED.value})")
+    return ExpiredApprovalError(detail)
 
 
 @contextmanager
-def _mapped(store: Store, *, cancelling: bool = False) -> Iterator[None]:
+def _mapped(store: Store, run_id: str, ids: tuple[str, ...] = (), *, deciding: str = "",
+            cancelling: bool = False) -> Iterator[None]:
     """Core errors in the operator's terms; anything else passes through (an
-    unknown run or approval is the operator's typo, not a race)."""
+    unknown run or approval is the operator's typo, not a race). ``ids`` are
+    quoted cut to :data:`~agentrt.view.errors.ECHO_CHARS` characters."""
+    quoted = (run_id, *ids)
     try:
         yield
     except (apsw.BusyError, apsw.LockedError) as exc:
@@ -90,10 +114,12 @@ def _mapped(store: Store, *, cancelling: bool = False) -> Iterator[None]:
             "timeout; nothing was decided, try again") from exc
     except RunStateError as exc:
         if cancelling:
-            raise RunFinishedError(exc.detail) from exc
-        raise RunNotWaitingError(exc.detail) from exc
+            raise RunFinishedError(echo_in(exc.detail, quoted)) from exc
+        raise RunNotWaitingError(echo_in(exc.detail, quoted)) from exc
+    except ApprovalExpiredError as exc:
+        raise _expired(store, run_id, exc, deciding, quoted) from exc
     except NotPendingError as exc:
-        raise ApprovalDecidedError(exc.detail) from exc
+        raise ApprovalDecidedError(echo_in(exc.detail, quoted)) from exc
 
 
 def _operator(store: Store, observer: Observer | None, now: Clock | None) -> Operator:
@@ -105,14 +131,14 @@ def _operator(store: Store, observer: Observer | None, now: Clock | None) -> Ope
 def approve(store: Store, run_id: str, approval_id: str, by: str, note: str = "", *,
             observer: Observer | None = None, now: Clock | None = None) -> Approval:
     """Grant a pending approval; the run stays waiting until its consumer resumes it."""
-    with _mapped(store):
+    with _mapped(store, run_id, (approval_id,), deciding="approved"):
         return _operator(store, observer, now).approve(run_id, approval_id, by, note)
 
 
 def reject(store: Store, run_id: str, approval_id: str, by: str, note: str = "", *,
            observer: Observer | None = None, now: Clock | None = None) -> Approval:
     """Refuse a pending approval; the run ends CANCELLED as approval_rejected."""
-    with _mapped(store):
+    with _mapped(store, run_id, (approval_id,), deciding="rejected"):
         return _operator(store, observer, now).reject(run_id, approval_id, by, note)
 
 
@@ -121,9 +147,11 @@ def approve_shown(store: Store, run_id: str, approval_id: str, shown_hash: str, 
                   now: Clock | None = None) -> Approval:
     """Approve only if the approval still has the hash the operator was shown.
 
-    A changed approval raises :class:`~agentrt.errors.ApprovalChangedError`.
+    A changed approval raises :class:`~agentrt.errors.ApprovalChangedError`. One
+    past its expiry is expired instead, which cancels the run (approval_expired),
+    and raises :class:`~agentrt.view.errors.ExpiredApprovalError` saying so.
     """
-    with _mapped(store):
+    with _mapped(store, run_id, (approval_id,), deciding="approved"):
         return _operator(store, observer, now).approve_shown(
             run_id, approval_id, shown_hash, by, note)
 
@@ -132,7 +160,7 @@ def reject_shown(store: Store, run_id: str, approval_id: str, shown_hash: str, b
                  note: str = "", *, observer: Observer | None = None,
                  now: Clock | None = None) -> Approval:
     """Reject only if the approval still has the hash the operator was shown."""
-    with _mapped(store):
+    with _mapped(store, run_id, (approval_id,), deciding="rejected"):
         return _operator(store, observer, now).reject_shown(
             run_id, approval_id, shown_hash, by, note)
 
@@ -140,5 +168,5 @@ def reject_shown(store: Store, run_id: str, approval_id: str, shown_hash: str, b
 def cancel(store: Store, run_id: str, by: str, note: str = "", *,
            observer: Observer | None = None, now: Clock | None = None) -> Run:
     """End a run as operator_cancelled; a finished run raises RunFinishedError."""
-    with _mapped(store, cancelling=True):
+    with _mapped(store, run_id, cancelling=True):
         return _operator(store, observer, now).cancel(run_id, by, note)

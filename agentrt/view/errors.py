@@ -10,20 +10,46 @@ as the reference's wrapped errors do.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
-from agentrt.errors import AgentrtError, NotPendingError, RunStateError
+from agentrt.errors import AgentrtError, ApprovalExpiredError, NotPendingError, RunStateError
 
 __all__ = [
+    "ECHO_CHARS",
     "AmbiguousApprovalError",
     "ApprovalDecidedError",
     "ApprovalNotPendingError",
     "DatabaseLockedError",
+    "ExpiredApprovalError",
     "NoPendingApprovalError",
     "RunFinishedError",
     "RunNotWaitingError",
     "ViewError",
+    "echo",
+    "echo_in",
 ]
+
+#: How much of a value (a run id, an approval id) an error quotes. An id the
+#: runtime makes is 32 characters; one typed or stored by anyone else may be
+#: megabytes, and an error line should still be a line.
+ECHO_CHARS = 80
+
+
+def echo(value: str, limit: int = ECHO_CHARS) -> str:
+    """``value`` as an error quotes it: whole up to ``limit`` characters, else its
+    first ``limit`` and ``…(N characters)``. Not escaped: whatever prints the
+    sentence sanitizes it whole."""
+    if len(value) <= limit:
+        return value
+    return f"{value[:limit]}…({len(value)} characters)"
+
+
+def echo_in(text: str, values: Iterable[str], limit: int = ECHO_CHARS) -> str:
+    """``text`` with each of ``values`` that it quotes whole cut as :func:`echo` cuts
+    it (for a sentence built by code that quoted them in full)."""
+    for value in sorted({v for v in values if len(v) > limit}, key=len, reverse=True):
+        text = text.replace(value, echo(value, limit))
+    return text
 
 
 class ViewError(AgentrtError):
@@ -52,6 +78,13 @@ class ApprovalDecidedError(ViewError, NotPendingError):
     """The approval was decided (or expired) before this decision landed."""
 
     sentinel = "approval is already decided"
+
+
+class ExpiredApprovalError(ApprovalDecidedError, ApprovalExpiredError):
+    """The approval had expired when the decision came: the decision expired it
+    instead, and the run was cancelled as approval_expired."""
+
+    sentinel = "approval has expired"
 
 
 class RunFinishedError(ViewError, RunStateError):
