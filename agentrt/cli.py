@@ -25,7 +25,7 @@ import apsw
 import click
 
 from agentrt import view
-from agentrt.clitools import OUTPUT_CLOSED, run_click, silence_stdout
+from agentrt.clitools import OUTPUT_CLOSED, run_click, schema_sentence, silence_stdout
 from agentrt.errors import AgentrtError, ApprovalChangedError, NotFoundError, SchemaVersionError
 from agentrt.events import Observer
 from agentrt.gojson import dumps, encode_string
@@ -136,19 +136,6 @@ def operator_name(by: str | None) -> str:
 # -- opening and failing ---------------------------------------------------------
 
 
-def _schema_sentence(path: str, exc: SchemaVersionError) -> str:
-    if exc.found > exc.known:
-        return (
-            f"{path} is at schema version {exc.found}, which is newer than this build of "
-            f"agentrt (version {exc.known}): use the agentrt that ships with the consumer "
-            "that migrated it; the consumer that owns the database runs its migrations, "
-            "agentrt never does")
-    return (
-        f"this build of agentrt (schema version {exc.known}) is newer than {path}, which "
-        f"is at version {exc.found}: let the consumer that owns the database migrate it "
-        "with its own runtime, or use the agentrt of its version; agentrt never migrates")
-
-
 def fail(exc: BaseException, echoed: Iterable[str] = ()) -> click.ClickException:
     """One sentence for an expected failure; the text is the database's, so sanitized,
     and the ``echoed`` values it quotes (the ids typed) are cut as :func:`view.echo` cuts."""
@@ -162,7 +149,7 @@ def opened(s: Settings, *, write: bool = False, echoed: Sequence[str] = ()) -> I
     try:
         store = open_existing(s.db, read_only=not write)
     except SchemaVersionError as exc:
-        raise click.ClickException(sanitize(_schema_sentence(s.db, exc))) from None
+        raise click.ClickException(sanitize(schema_sentence(s.db, exc))) from None
     except AgentrtError as exc:
         raise fail(exc) from None
     try:

@@ -18,9 +18,10 @@ from typing import Any
 
 import click
 
+from agentrt.errors import SchemaVersionError
 from agentrt.trace import sanitize
 
-__all__ = ["OUTPUT_CLOSED", "run_click", "silence_stdout"]
+__all__ = ["OUTPUT_CLOSED", "run_click", "schema_sentence", "silence_stdout"]
 
 #: The error a write to a closed standard output raises (``>&-``).
 OUTPUT_CLOSED = "standard output is closed"
@@ -68,6 +69,21 @@ def silence_stdout() -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
+
+
+def schema_sentence(path: str, exc: SchemaVersionError) -> str:
+    """Why a database of another schema version is refused, and what to do: the
+    same sentence from both commands."""
+    if exc.found > exc.known:
+        return (
+            f"{path} is at schema version {exc.found}, which is newer than this build of "
+            f"agentrt (version {exc.known}): use the agentrt that ships with the consumer "
+            "that migrated it; the consumer that owns the database runs its migrations, "
+            "agentrt never does")
+    return (
+        f"this build of agentrt (schema version {exc.known}) is newer than {path}, which "
+        f"is at version {exc.found}: let the consumer that owns the database migrate it "
+        "with its own runtime, or use the agentrt of its version; agentrt never migrates")
 
 
 def _not_utf8(argv: list[str]) -> str:

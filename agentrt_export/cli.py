@@ -9,6 +9,7 @@ quietly without saving past what was written. Exit codes: 0 ok, 1 failure,
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -17,13 +18,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import apsw
 import click
 
-from agentrt.clitools import run_click
-from agentrt.errors import AgentrtError
+from agentrt.clitools import run_click, schema_sentence
+from agentrt.errors import AgentrtError, SchemaVersionError
 from agentrt.store import Store, open_existing
+from agentrt.trace import sanitize
 from agentrt_export.cursor import Cursor, FileCursor, MemoryCursor
-from agentrt_export.follower import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, Follower, Sink
+from agentrt_export.follower import (
+    DEFAULT_PAGE_SIZE,
+    MAX_INTERVAL,
+    MAX_PAGE_SIZE,
+    Follower,
+    Sink,
+)
 from agentrt_export.sinks import JSONLSink
 
 __all__ = ["FollowSettings", "follower_options", "main", "run_follower"]
@@ -32,6 +41,29 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: Below this many events behind, no progress line is worth drawing.
 _PROGRESS_BACKLOG = 10_000
+#: The shortest ``--interval``: the follower's own quickest re-check. Shorter
+#: waits (0 among them) only spin a core; nan and inf are no wait at all.
+_MIN_INTERVAL = 0.001
+
+
+class _Seconds(click.ParamType):  # type: ignore[type-arg]  # generic only from click 8.2
+    """``--interval``: a finite wait of at least 1 ms; above the cap waits the cap."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            seconds = math.nan
+        if not (math.isfinite(seconds) and seconds >= _MIN_INTERVAL):
+            self.fail(
+                f"{sanitize(str(value))} is not a wait this follower can keep: give a number "
+                f"of seconds from {_MIN_INTERVAL:g} up (a wait over {MAX_INTERVAL:g} s is cut "
+                f"to {MAX_INTERVAL:g} s)",
+                param, ctx)
+        return seconds
 
 
 @dataclass(frozen=True)
@@ -59,7 +91,7 @@ def follower_options(fn: F) -> F:
                      help="Start after this seq instead of a cursor file."),
         click.option("--follow", "-f", is_flag=True,
                      help="Keep following new commits until SIGTERM or SIGINT."),
-        click.option("--interval", type=click.FloatRange(min=0), metavar="SECONDS",
+        click.option("--interval", type=_Seconds(), metavar="SECONDS",
                      help="Longest wait between checks once caught up "
                           "(default: 1 s with change notification, else 5 ms)."),
         click.option("--page-size", type=click.IntRange(min=1, max=MAX_PAGE_SIZE),
@@ -75,7 +107,13 @@ def follower_options(fn: F) -> F:
 def settings_from(**kw: Any) -> FollowSettings:
     if not kw.get("db"):
         raise click.UsageError("no database: pass --db or set AGENTRT_DB")
-    if kw.get("cursor_file") and kw.get("after_seq") is not None:
+    if kw.get("run") == "":
+        raise click.UsageError("--run is empty: give a run id, or leave --run out to export "
+                               "every run")
+    if kw.get("cursor_file") == "":
+        raise click.UsageError("--cursor-file is empty: name the file that keeps the position, "
+                               "or leave --cursor-file out")
+    if kw.get("cursor_file") is not None and kw.get("after_seq") is not None:
         raise click.UsageError("pass --cursor-file or --after-seq, not both")
     return FollowSettings(kw["db"], kw.get("cursor_file"), kw.get("run"), kw.get("after_seq"),
                           bool(kw.get("follow")), kw.get("interval"), kw["page_size"])
@@ -121,40 +159,77 @@ def run_follower(
 
     ``make_sink`` gets the store and the stop event SIGTERM/SIGINT set. An
     exception of type ``clean_stop`` ends the command with exit 0 and one line
-    on stderr (a stop that came before the page in hand was delivered).
+    on stderr (a stop that came before the page in hand was delivered). Every
+    sentence is sanitized: it carries paths and ids as given.
     """
     try:
         store = open_existing(settings.db, read_only=True)
+    except SchemaVersionError as exc:
+        # The operator command's sentence, so both commands say the same.
+        raise _failure(schema_sentence(settings.db, exc)) from None
     except AgentrtError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise _failure(str(exc)) from None
     with store:
         cursor: Cursor | None = None
-        if settings.cursor_file:
+        if settings.cursor_file is not None:
             cursor = FileCursor(settings.cursor_file)
         elif settings.after_seq is not None:
             cursor = MemoryCursor(settings.after_seq)
-        follower = Follower(
-            store,
-            run_id=settings.run,
-            cursor=cursor,
-            interval=settings.interval,
-            page_size=settings.page_size,
-            once=not settings.follow,
-            on_page=_progress(store),
-        )
         try:
+            if settings.after_seq is not None:
+                _check_after_seq(store, settings.after_seq)
+            follower = Follower(
+                store,
+                run_id=settings.run,
+                cursor=cursor,
+                interval=settings.interval,
+                page_size=settings.page_size,
+                once=not settings.follow,
+                on_page=_progress(store),
+            )
             follower.follow(make_sink(store, _STOP), _STOP)
+            if settings.run and not settings.follow and not store.list_events_after(
+                    settings.run, 0, 1):
+                # Not a failure: a run may simply have no events (yet), but an
+                # empty stdout alone does not tell a typo from that.
+                click.echo(sanitize(f"no events of run {settings.run} in {settings.db}"),
+                           err=True)
         except BrokenPipeError:
             # The reader went away (``| head``): end quietly; the cursor was
             # not saved past what reached the pipe.
             _silence_stdout()
         except AgentrtError as exc:
             if clean_stop is not None and isinstance(exc, clean_stop):
-                click.echo(f"stopped: {exc}; the page is sent again on restart", err=True)
+                click.echo(sanitize(f"stopped: {exc}; the page is sent again on restart"),
+                           err=True)
                 return
-            raise click.ClickException(str(exc)) from None
+            raise _failure(str(exc)) from None
+        except apsw.Error as exc:
+            raise _failure(f"reading {settings.db}: {exc}") from None
         except OSError as exc:
-            raise click.ClickException(f"writing events: {exc.strerror or exc}") from None
+            raise _failure(f"writing events: {exc.strerror or exc}") from None
+
+
+def _failure(sentence: str) -> click.ClickException:
+    """Exit 1 with one line: paths, ids and SQLite's text are shown escaped."""
+    return click.ClickException(sanitize(sentence))
+
+
+def _check_after_seq(store: Store, after_seq: int) -> None:
+    """Refuse ``--after-seq`` past the head in the flag's own terms (no cursor file
+    is involved). Exit 1, not 2: the number is well formed, the database does not
+    reach it, as ``agentrt show`` of a run the database lacks."""
+    if after_seq == 0:
+        return
+    head, _ = store.chain_head()
+    if after_seq <= head:
+        return
+    if head:
+        raise _failure(f"--after-seq {after_seq} is past the last event of {store.path} "
+                       f"(seq {head}); give a seq up to {head}, or leave --after-seq out to "
+                       "start at the first event")
+    raise _failure(f"--after-seq {after_seq} is past the end of {store.path}, which holds no "
+                   "events yet; leave --after-seq out to start at the first event")
 
 
 def _silence_stdout() -> None:
@@ -224,6 +299,8 @@ def otel(endpoint: str | None, protocol: str | None, headers: tuple[str, ...],
         exporter = build_exporter(config)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
+    for warning in config.warnings:  # a setting ignored, as the specification says
+        click.echo(warning, err=True)
     # The SDK logs every failed attempt in several lines; one line per outage,
     # naming the collector and the cause, is written by the sink instead.
     complaints = ExporterComplaints(config.endpoint).install()

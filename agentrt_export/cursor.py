@@ -11,6 +11,7 @@ import contextlib
 import errno
 import os
 import re
+import stat
 import tempfile
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -23,6 +24,10 @@ __all__ = ["Cursor", "CursorError", "FileCursor", "MemoryCursor"]
 _MAX_SEQ = 2**63 - 1
 #: More than this is not a cursor file; reading stops there (bounded memory).
 _MAX_FILE_BYTES = 64
+#: The files SQLite keeps beside a database: none of them may be the cursor.
+_DATABASE_FILES = (("", "the database"), ("-wal", "the write-ahead log of the database"),
+                   ("-shm", "the shared-memory index of the database"),
+                   ("-journal", "the rollback journal of the database"))
 _DIGITS = re.compile(rb"[0-9]+")
 
 
@@ -65,7 +70,8 @@ class FileCursor:
     written, synced, made 0600 and renamed over the cursor, then the
     directory is synced so the rename survives a power cut. A crash leaves
     the old cursor or the new one, never a torn file. Loading while a
-    follower saves is safe.
+    follower saves is safe. ``check`` refuses, before a follower delivers
+    anything, a path a save would fail on or that is not a cursor's to take.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -89,10 +95,62 @@ class FileCursor:
         if len(data) > _MAX_FILE_BYTES or _DIGITS.fullmatch(text) is None or int(text) > _MAX_SEQ:
             raise CursorError(
                 self.path,
-                f"load cursor: {self.path} does not hold a sequence number; "
-                "delete it to start over or restore it from a backup",
+                f"load cursor: {self.path} does not hold a sequence number; name another "
+                "cursor file, or remove it if it is a stale cursor, or restore it from a backup",
             )
         return int(text)
+
+    def check(self, database: str | None = None) -> None:
+        """Refuse a cursor that could not be saved, before anything is delivered.
+
+        A save renames a temporary file into the cursor's directory, so the
+        directory must exist and this user must be able to write it; the path,
+        if it exists, must be a regular file; and it must not be ``database``
+        or one of the files SQLite keeps beside it (-wal, -shm, -journal), by
+        name or as the same file under another name (a hard link). Raises
+        CursorError naming the cursor file and the fix; opens no file.
+        """
+        path = self.path
+        directory, name = os.path.split(path)
+        directory = directory or "."
+        if not name:
+            raise CursorError(path, f"cursor file {path} names a directory; name a file in it "
+                                    "to hold the cursor, such as "
+                                    f"{os.path.join(path, 'export.cursor')}")
+        try:
+            dir_mode = os.stat(directory).st_mode
+        except FileNotFoundError:
+            raise CursorError(path, f"the directory of cursor file {path} does not exist: "
+                                    f"create {directory}, or name a cursor file in an existing "
+                                    "directory") from None
+        except OSError as exc:
+            raise CursorError(path, f"cannot reach the directory of cursor file {path}: "
+                                    f"{exc.strerror or exc}; name a cursor file in a directory "
+                                    "this user can write") from None
+        if not stat.S_ISDIR(dir_mode):
+            raise CursorError(path, f"cursor file {path} is not in a directory: {directory} is "
+                                    "not one; name a cursor file in a directory")
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise CursorError(path, f"cannot save cursor file {path}: this user cannot write its "
+                                    f"directory {directory}; make the directory writable, or name "
+                                    "a cursor file in a directory this user can write")
+        try:
+            st: os.stat_result | None = os.stat(path)
+        except FileNotFoundError:
+            st = None
+        except OSError as exc:
+            raise CursorError(path, f"cannot read cursor file {path}: {exc.strerror or exc}; "
+                                    "name a cursor file this user can read") from None
+        if database and database != ":memory:":
+            what = _database_file(path, st, database)
+            if what:
+                raise CursorError(path, f"cursor file {path} is {what} {database}; the cursor "
+                                        "needs a file of its own: name another one, such as "
+                                        f"{database}.cursor")
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            raise CursorError(path, f"cursor file {path} is not a regular file ({_kind(st)}); "
+                                    "name a file that holds only the cursor (it is created on "
+                                    "the first save)")
 
     def save(self, seq: int) -> None:
         """Replace the saved seq with ``seq``, atomically and durably."""
@@ -126,12 +184,48 @@ class FileCursor:
             raise self._save_error(exc) from exc
 
     def _save_error(self, exc: OSError) -> CursorError:
-        where = exc.filename or self.path
         return CursorError(
             self.path,
-            f"save cursor: {where}: {exc.strerror or exc}; the cursor still holds "
-            "the previous seq, so the next start resends what came after it",
+            f"save cursor: cannot write {self.path}: {exc.strerror or exc}; {self._held()}",
         )
+
+    def _held(self) -> str:
+        """What the file holds after a failed save, and what a restart then sends."""
+        try:
+            seq = self.load()
+        except CursorError:
+            return "the cursor file is unchanged"
+        if seq:
+            return f"it holds seq {seq}, so the next start sends the events after it again"
+        return "no seq was saved before, so the next start sends every event again"
+
+
+def _database_file(path: str, st: os.stat_result | None, database: str) -> str:
+    """What of ``database``'s files ``path`` is ('' if none): the same name, or,
+    for a file that exists, the same device and inode (a hard link)."""
+    real = os.path.realpath(path)
+    for suffix, what in _DATABASE_FILES:
+        other = database + suffix
+        if real == os.path.realpath(other):
+            return what
+        if st is not None:
+            try:
+                o = os.stat(other)
+            except OSError:
+                continue
+            if (o.st_dev, o.st_ino) == (st.st_dev, st.st_ino):
+                return what
+    return ""
+
+
+def _kind(st: os.stat_result) -> str:
+    mode = st.st_mode
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a named pipe"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "an unusual kind of file"
 
 
 def _sync_directory(directory: str) -> None:

@@ -12,6 +12,7 @@ the sink runs, so it never stops the writer's checkpoints.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -20,7 +21,7 @@ from typing import Protocol, runtime_checkable
 from agentrt.errors import AgentrtError
 from agentrt.events import Event
 from agentrt.store import Store
-from agentrt_export.cursor import Cursor, MemoryCursor
+from agentrt_export.cursor import Cursor, FileCursor, MemoryCursor
 from agentrt_export.wake import ChangeWaiter, open_waiter
 
 __all__ = [
@@ -97,6 +98,8 @@ class Follower:
     ) -> None:
         if store is None:
             raise FollowError("Follower needs a store")
+        if interval is not None and math.isnan(interval):
+            raise FollowError("interval nan is not a number of seconds")
         if interval is not None and interval < 0:
             raise FollowError(f"interval {interval} is negative")
         if page_size < 0:
@@ -113,18 +116,33 @@ class Follower:
     # -- position --------------------------------------------------------------
 
     def _start_seq(self) -> int:
+        """Where to start, checked before anything is delivered: a file cursor
+        that could not be saved later, or a position past the head, is refused."""
+        if isinstance(self.cursor, FileCursor):
+            self.cursor.check(database=self.store.path)
         seq = self.cursor.load()
         if seq < 0:
             raise FollowError(f"cursor {seq} is negative")
         if seq:
             head, _ = self.store.chain_head()
             if seq > head:
-                raise FollowError(
-                    f"the cursor is at seq {seq} but {self.store.path} ends at seq {head}: "
-                    "the database was replaced or restored from a backup; delete the "
-                    "cursor file to start over, or start after a seq the database has"
-                )
+                raise FollowError(self._ahead(seq, head))
         return seq
+
+    def _ahead(self, seq: int, head: int) -> str:
+        end = f"ends at seq {head}" if head else "holds no events"
+        if isinstance(self.cursor, FileCursor):
+            path = self.cursor.path
+            return (
+                f"cursor file {path} is at seq {seq} but {self.store.path} {end}: the "
+                f"database was replaced or restored from a backup; delete {path} to start "
+                "over, or write into it a seq the database has"
+            )
+        return (
+            f"the start position seq {seq} is past the end of {self.store.path}, which "
+            f"{end}: the database was replaced or restored from a backup, or the position "
+            "belongs to another database; start after a seq the database has"
+        )
 
     def head(self) -> tuple[int, str]:
         """(seq, hash) of the last event delivered, for ``agentrt verify --head``.
@@ -175,6 +193,8 @@ class Follower:
         Returns when ``stop`` is set (after finishing the page in hand and saving
         the cursor) or, with ``once``, when caught up. A sink exception stops the
         follower with the cursor just before the refused event and propagates.
+        Before anything is delivered, a ``FileCursor`` that could not be saved
+        (see ``FileCursor.check``) and a position past the head are refused.
         """
         if sink is None:
             raise FollowError("sink is None")

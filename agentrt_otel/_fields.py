@@ -15,16 +15,31 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 
 
+#: The latest span time: the largest signed 64-bit count of nanoseconds,
+#: 2262-04-11T23:47:16.854775807Z. OTLP's fixed64 would carry more, but the
+#: Collector reads it as a signed 64-bit time (as the Go reference's
+#: ``UnixNano`` and other SDKs do) and Python's datetime stops at the year
+#: 9999, so no later time survives every hop; the encoder refuses one past
+#: 2**64 outright, which would fail the page on every attempt.
+MAX_TIME_NS = 2**63 - 1
+
+
+def clamp_ns(ns: int) -> int:
+    """A span time within what OTLP carries everywhere: ``[0, MAX_TIME_NS]``."""
+    return 0 if ns < 0 else MAX_TIME_NS if ns > MAX_TIME_NS else ns
+
+
 def event_time_ns(t: datetime | None) -> int:
     """An event's time in nanoseconds since the epoch; the zero time (an
-    unreadable stored time) and anything before 1970 clamp to 0, which OTLP
-    can carry."""
+    unreadable stored time) and anything before 1970 clamp to 0, and anything
+    after :data:`MAX_TIME_NS` (a stored ``9999-12-31T23:59:59Z``) to it,
+    which every OTLP hop can carry."""
     if t is None:
         return 0
     if t.tzinfo is None:
         t = t.replace(tzinfo=UTC)
     ns = (t - _EPOCH) // _MICROSECOND * 1000  # exact, and 5x faster than to_unix_nanos
-    return ns if ns > 0 else 0
+    return 0 if ns < 0 else MAX_TIME_NS if ns > MAX_TIME_NS else ns
 
 RESUMED: tuple[Field, ...] = (
     ("approval_id", "agentrt.approval.id", STR),

@@ -3,8 +3,7 @@
 Every setting follows one precedence: an argument (a CLI flag),
 then the traces-specific variable, then the generic one, then the default.
 What is resolved here is passed to the SDK exporter explicitly, so the
-settings printed or tested are the ones in use. (TLS certificate files and
-compression are left to the SDK, which reads their standard variables.)
+settings printed or tested are the ones in use.
 
 ==========================  =================================================
 ``exporter``                ``OTEL_TRACES_EXPORTER``: ``otlp`` (or empty),
@@ -18,6 +17,9 @@ compression are left to the SDK, which reads their standard variables.)
                             v1/traces`` or, for gRPC, ``http://localhost:4317``
 ``headers``                 ``..._TRACES_HEADERS``, then ``..._HEADERS``
                             (``k=v,k2=v2``, values percent-decoded)
+``compression``             ``..._TRACES_COMPRESSION``, then ``..._COMPRESSION``:
+                            ``none`` (or empty), ``gzip``, or, over HTTP only,
+                            ``deflate``
 ``insecure``                ``..._TRACES_INSECURE``, then ``..._INSECURE``;
                             default: plain text exactly when the scheme is http
 ``timeout``                 ``..._TRACES_TIMEOUT``, then ``..._TIMEOUT``, in
@@ -26,23 +28,45 @@ compression are left to the SDK, which reads their standard variables.)
                             default 10 s
 ==========================  =================================================
 
-An endpoint argument without a path (``http://collector:4318``) gets
-``/v1/traces`` for HTTP; one without a scheme (``collector:4318``) is plain
-text when ``insecure`` and TLS otherwise.
+A variable set to the empty string counts as unset, as the specification
+says; an empty argument is refused. Everything is checked here, so a value the
+exporter could never use is one sentence (a :class:`ConfigError`) before
+anything is sent, instead of an export retried for ever:
+
+- An HTTP endpoint is a URL: scheme ``http`` or ``https``, a host, and a port
+  from 1 to 65535 if one is given (the specification requires the scheme).
+  An endpoint argument without a path (``http://collector:4318``) gets
+  ``/v1/traces``.
+- A gRPC endpoint is such a URL, or, as the specification lets a gRPC
+  endpoint take any form the gRPC client accepts, ``host:port`` without a
+  scheme (TLS unless ``insecure``) or a gRPC target of the ``dns:///``,
+  ``unix:``, ``unix-abstract:``, ``ipv4:`` or ``ipv6:`` kind.
+- A header name is an HTTP token (RFC 9110 ``tchar``); a value is visible
+  ASCII and Latin-1 letters, spaces and tabs, on one line. gRPC metadata is
+  narrower: names of ``a-z 0-9 - _ .`` (not ``-bin``, which carries bytes)
+  and values of printable ASCII.
+- TLS certificate files are left to the SDK, which reads their standard
+  variables.
 
 The resource is ``service.name=agentrt`` and the SDK's ``telemetry.sdk.*``
 attributes, overridden by ``OTEL_RESOURCE_ATTRIBUTES`` and then
 ``OTEL_SERVICE_NAME``. It never carries the SDK's random
-``service.instance.id``, so two exports of one database are identical.
+``service.instance.id``, so two exports of one database are identical. An
+``OTEL_RESOURCE_ATTRIBUTES`` that does not decode (an entry without ``=``, an
+empty key, a bad percent escape) is discarded whole and reported, as the
+specification's resource SDK says: the export goes on, and
+:attr:`OTelConfig.warnings` holds the sentence to print.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import IO, Literal
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from opentelemetry.sdk.resources import (
     SERVICE_NAME,
@@ -73,6 +97,22 @@ _TRACES_PATH = "/v1/traces"
 
 Exporter = Literal["otlp", "console", "none"]
 OTLPProtocol = Literal["http/protobuf", "grpc"]
+Compression = Literal["none", "gzip", "deflate"]
+
+#: RFC 9110 ``token``: a header name.
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+#: RFC 9110 ``field-value`` as Python's HTTP stack sends it: visible ASCII,
+#: spaces, tabs and printable Latin-1 (the C1 controls are not printable).
+_HTTP_VALUE = re.compile(r"[\t\x20-\x7e\xa0-\xff]*")
+#: gRPC metadata (PROTOCOL-HTTP2.md): lowercase names, printable ASCII values.
+_GRPC_KEY = re.compile(r"[0-9a-z_.\-]+")
+_GRPC_VALUE = re.compile(r"[\x20-\x7e]*")
+#: A host name as RFC 3986 ``reg-name`` allows it, and non-ASCII letters (IDN).
+_REG_NAME = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,;=%\u00a0-\U0010ffff]+")
+_PORT = re.compile(r"[0-9]{1,5}")
+_BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+#: gRPC name-resolver targets the gRPC client takes as they are.
+_GRPC_TARGETS = ("dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:")
 
 
 class ConfigError(AgentrtError):
@@ -87,7 +127,11 @@ class ConfigError(AgentrtError):
 
 @dataclass(frozen=True, slots=True)
 class OTelConfig:
-    """Everything needed to build the exporter and the resource."""
+    """Everything needed to build the exporter and the resource.
+
+    ``warnings`` are sentences about settings that were ignored (a
+    ``OTEL_RESOURCE_ATTRIBUTES`` that does not decode), for the caller to show.
+    """
 
     exporter: Exporter = "otlp"
     protocol: OTLPProtocol = "http/protobuf"
@@ -96,9 +140,31 @@ class OTelConfig:
     insecure: bool = True
     timeout: float = DEFAULT_TIMEOUT
     resource_attributes: Mapping[str, str] = field(default_factory=dict)
+    compression: Compression = "none"
+    warnings: tuple[str, ...] = ()
 
     def resource(self) -> Resource:
         return build_resource(self.resource_attributes)
+
+
+def _shown(value: str, limit: int = 100) -> str:
+    """``value`` in double quotes on one line: quotes, backslashes and
+    characters that do not print are escaped, and a long value is cut."""
+    out = []
+    for ch in value[:limit]:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch.isprintable():
+            out.append(ch)
+        else:
+            out.append(ch.encode("unicode_escape").decode("ascii"))
+    return '"' + "".join(out) + ('..."' if len(value) > limit else '"')
+
+
+def _char(ch: str) -> str:
+    """A character named so that it shows: ``U+000A``, ``"€" (U+20AC)``."""
+    code = f"U+{ord(ch):04X}"
+    return f'"{ch}" ({code})' if ch.isprintable() and not ch.isspace() else code
 
 
 def _first(env: Mapping[str, str], *names: str) -> tuple[str, str] | None:
@@ -119,7 +185,7 @@ def _exporter(arg: str | None, env: Mapping[str, str]) -> Exporter:
         return "console"
     if value == "none":
         return "none"
-    raise ConfigError(f'otel: OTEL_TRACES_EXPORTER "{raw.strip()}": otlp, console, or none')
+    raise ConfigError(f"otel: OTEL_TRACES_EXPORTER {_shown(raw.strip())}: otlp, console, or none")
 
 
 def _protocol(arg: str | None, env: Mapping[str, str]) -> OTLPProtocol:
@@ -133,7 +199,24 @@ def _protocol(arg: str | None, env: Mapping[str, str]) -> OTLPProtocol:
         return "http/protobuf"
     if value == "grpc":
         return "grpc"
-    raise ConfigError(f'otel: OTLP protocol "{raw}": http/protobuf or grpc')
+    raise ConfigError(f"otel: OTLP protocol {_shown(raw)}: http/protobuf or grpc")
+
+
+def _compression(env: Mapping[str, str], protocol: OTLPProtocol) -> Compression:
+    found = _first(env, "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "OTEL_EXPORTER_OTLP_COMPRESSION")
+    if found is None:
+        return "none"
+    name, raw = found
+    value = raw.lower()
+    if value in ("none", "gzip"):
+        return "none" if value == "none" else "gzip"
+    if value == "deflate":
+        if protocol == "http/protobuf":
+            return "deflate"
+        raise ConfigError(f"otel: {name} {_shown(raw)}: gzip or none over grpc (a collector's "
+                          "gRPC receiver does not take deflate; http/protobuf does)")
+    choices = "gzip, deflate, or none" if protocol == "http/protobuf" else "gzip or none"
+    raise ConfigError(f"otel: {name} {_shown(raw)}: {choices}")
 
 
 def _bool(name: str, raw: str) -> bool:
@@ -142,7 +225,7 @@ def _bool(name: str, raw: str) -> bool:
         return True
     if value == "false":
         return False
-    raise ConfigError(f'otel: {name} "{raw}": true or false')
+    raise ConfigError(f"otel: {name} {_shown(raw)}: true or false")
 
 
 def _insecure(arg: bool | None, env: Mapping[str, str]) -> bool | None:
@@ -162,21 +245,63 @@ def parse_headers(name: str, raw: str) -> dict[str, str]:
         key = key.strip()
         if not sep or not key:
             raise ConfigError(
-                f'otel: {name} "{raw}": write each header as key=value, separated by commas')
+                f"otel: {name} {_shown(raw)}: write each header as key=value, "
+                "separated by commas")
         out[key.lower()] = unquote(value.strip())
     return out
 
 
-def _headers(arg: Mapping[str, str] | None, env: Mapping[str, str]) -> dict[str, str]:
+def _check_headers(source: str, headers: Mapping[str, str], protocol: OTLPProtocol) -> None:
+    """Refuse a header the transport could never send (a request that fails
+    before it leaves, or that a collector refuses, on every attempt).
+
+    ``source`` names where the headers came from (a variable or ``--header``).
+    The message names the header, not its value, which may be a secret.
+    """
+    for key, value in headers.items():
+        if protocol == "grpc":
+            if _GRPC_KEY.fullmatch(key) is None:
+                raise ConfigError(
+                    f"otel: header {_shown(key)} (from {source}): a gRPC metadata name holds only "
+                    'lowercase letters, digits, "-", "_" and "."')
+            if key.endswith("-bin"):
+                raise ConfigError(
+                    f"otel: header {_shown(key)} (from {source}): a name ending in -bin is binary "
+                    "gRPC metadata, which a header setting cannot carry; rename it")
+            bad = next((ch for ch in value if _GRPC_VALUE.fullmatch(ch) is None), None)
+            if bad is not None:
+                raise ConfigError(
+                    f"otel: header {_shown(key)} (from {source}): its value holds {_char(bad)}; "
+                    "a gRPC metadata value is printable ASCII on one line")
+            continue
+        if _TOKEN.fullmatch(key) is None:
+            raise ConfigError(
+                f"otel: header {_shown(key)} (from {source}): a header name is letters, digits and "
+                "!#$%&'*+-.^_`|~, with no spaces")
+        bad = next((ch for ch in value if _HTTP_VALUE.fullmatch(ch) is None), None)
+        if bad is not None:
+            raise ConfigError(
+                f"otel: header {_shown(key)} (from {source}): its value holds {_char(bad)}; "
+                "a header value is visible ASCII or Latin-1 text, spaces and tabs, on one line")
+
+
+def _headers(arg: Mapping[str, str] | None, env: Mapping[str, str],
+             protocol: OTLPProtocol) -> dict[str, str]:
     if arg is not None:
-        return {k.strip().lower(): v for k, v in arg.items()}
+        headers = {k.strip().lower(): v for k, v in arg.items()}
+        _check_headers("--header", headers, protocol)
+        return headers
     found = _first(env, "OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS")
-    return parse_headers(*found) if found else {}
+    if found is None:
+        return {}
+    headers = parse_headers(*found)
+    _check_headers(found[0], headers, protocol)
+    return headers
 
 
 def _timeout(arg: float | None, env: Mapping[str, str]) -> float:
     if arg is not None:
-        if arg <= 0:
+        if not arg > 0:
             raise ConfigError(f"otel: timeout {arg} s: give a positive number of seconds")
         return float(arg)
     found = _first(env, "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
@@ -188,42 +313,179 @@ def _timeout(arg: float | None, env: Mapping[str, str]) -> float:
     except ValueError:
         ms = -1.0
     if not ms > 0:
-        raise ConfigError(f'otel: {name} "{raw}": give a positive number of milliseconds')
+        raise ConfigError(f"otel: {name} {_shown(raw)}: give a positive number of milliseconds")
     return ms / 1000.0
 
 
-def _with_scheme(endpoint: str, insecure: bool | None) -> str:
-    if "://" in endpoint:
-        return endpoint
-    return ("http://" if insecure else "https://") + endpoint
+# -- endpoints ----------------------------------------------------------------
 
 
-def _endpoint(arg: str | None, protocol: OTLPProtocol, insecure: bool | None,
-              env: Mapping[str, str]) -> str:
-    if protocol == "grpc":
-        if arg is not None and arg.strip():
-            return arg.strip()
-        found = _first(env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
-        return found[1] if found else _GRPC_DEFAULT
-    if arg is not None and arg.strip():
-        url = _with_scheme(arg.strip(), insecure)
-        return url.rstrip("/") + _TRACES_PATH if urlsplit(url).path in ("", "/") else url
+def _host_port(hostport: str) -> tuple[str, str | None] | str:
+    """``host[:port]`` (RFC 3986 authority without user info) checked: the
+    host and the port text, or what is wrong with it."""
+    if hostport.startswith("["):
+        end = hostport.find("]")
+        if end < 0:
+            return 'its IPv6 address has no closing "]"'
+        host, rest = hostport[1:end], hostport[end + 1:]
+        try:
+            ipaddress.IPv6Address(host.replace("%25", "%"))
+        except ValueError:
+            return f"[{host}] is not an IPv6 address"
+        if rest and not rest.startswith(":"):
+            return f'"{rest}" follows the IPv6 address'
+        port = rest[1:] if rest else None
+    else:
+        host, sep, port_text = hostport.rpartition(":")
+        if not sep:
+            host, port = hostport, None
+        else:
+            port = port_text
+        if not host:
+            return "it names no host"
+        if _REG_NAME.fullmatch(host) is None:
+            return f"host {_shown(host)} is not a host name or address"
+    if port is not None and (_PORT.fullmatch(port) is None or not 0 < int(port) <= 65535):
+        return f"port {_shown(port)} is not a number from 1 to 65535"
+    return host, port
+
+
+def _url_problem(value: str) -> tuple[SplitResult, str]:
+    """``value`` split as a URL, and '' or what keeps it from being a
+    collector's URL (scheme http or https, a host, a valid port)."""
+    try:
+        url = urlsplit(value)
+    except ValueError as exc:  # "Invalid IPv6 URL", a netloc NFKC cannot keep
+        return SplitResult("", "", "", "", ""), f"it is not a URL ({exc})"
+    if "://" not in value:
+        return url, "it has no http:// or https:// in front"
+    if url.scheme.lower() not in ("http", "https"):
+        return url, f'its scheme "{url.scheme}" is not http or https'
+    checked = _host_port(url.netloc.rpartition("@")[2])
+    if isinstance(checked, str):
+        return url, checked
+    return url, ""
+
+
+def _unprintable(value: str) -> str:
+    """What is wrong with an endpoint holding a space or a control character, or ''."""
+    bad = next((ch for ch in value if ch.isspace() or not ch.isprintable()), None)
+    return "" if bad is None else f"it holds {_char(bad)}"
+
+
+def _refuse_endpoint(source: str, value: str, problem: str, example: str) -> ConfigError:
+    return ConfigError(f"otel: {source} {_shown(value)}: {problem}; give a URL such as {example}")
+
+
+def _http_endpoint(source: str, value: str, *, append: bool, always: bool = False) -> str:
+    """A checked HTTP endpoint; ``append`` adds ``/v1/traces`` to the path
+    (always, or only to an empty path)."""
+    url, problem = _url_problem(value)
+    problem = _unprintable(value) or problem
+    if problem:
+        raise _refuse_endpoint(source, value, problem, "http://localhost:4318")
+    if not append or (not always and url.path not in ("", "/")):
+        return value
+    return url._replace(path=url.path.rstrip("/") + _TRACES_PATH).geturl()
+
+
+def _grpc_endpoint(source: str, value: str) -> str:
+    """A checked gRPC endpoint, as given (the SDK keeps a URL's host and port)."""
+    problem = _unprintable(value)
+    if problem:
+        raise _refuse_endpoint(source, value, problem, "http://localhost:4317")
+    lowered = value.lower()
+    if "://" in value and lowered.startswith(("http://", "https://")):
+        _, problem = _url_problem(value)
+        if problem:
+            raise _refuse_endpoint(source, value, problem, "http://localhost:4317")
+        return value
+    if lowered.startswith(_GRPC_TARGETS):
+        scheme, _, rest = value.partition(":")
+        if lowered.startswith("dns://") and not lowered.startswith("dns:///"):
+            raise ConfigError(f"otel: {source} {_shown(value)}: the exporter cannot use a DNS "
+                              "server authority; give dns:///host:port")
+        if not rest.strip("/"):
+            raise ConfigError(f"otel: {source} {_shown(value)}: a gRPC {scheme}: target needs "
+                              "an address after the colon")
+        return value
+    if "://" in value:
+        raise _refuse_endpoint(source, value, f'its scheme "{value.partition(":")[0]}" is not '
+                               "http or https", "http://localhost:4317")
+    checked = _host_port(value)
+    if isinstance(checked, str):
+        raise ConfigError(f"otel: {source} {_shown(value)}: {checked}; give host:port or a URL "
+                          "such as http://localhost:4317")
+    if checked[1] is None:
+        raise ConfigError(f"otel: {source} {_shown(value)}: give the port too, such as "
+                          f"{value}:4317, or a URL")
+    return value
+
+
+def _endpoint(arg: str | None, protocol: OTLPProtocol, env: Mapping[str, str]) -> str:
+    if arg is not None and not arg.strip():
+        raise ConfigError(f"otel: --endpoint {_shown(arg)}: give the collector's address, such as "
+                          f"{_HTTP_DEFAULT if protocol == 'http/protobuf' else _GRPC_DEFAULT}, "
+                          "or leave --endpoint out")
     specific = _first(env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-    if specific is not None:
-        return _with_scheme(specific[1], insecure)
     generic = _first(env, "OTEL_EXPORTER_OTLP_ENDPOINT")
-    base = _with_scheme(generic[1], insecure) if generic else _HTTP_DEFAULT
-    return base.rstrip("/") + _TRACES_PATH
+    if protocol == "grpc":
+        if arg is not None:
+            return _grpc_endpoint("--endpoint", arg.strip())
+        found = specific or generic
+        return _grpc_endpoint(*found) if found else _GRPC_DEFAULT
+    if arg is not None:
+        return _http_endpoint("--endpoint", arg.strip(), append=True)
+    if specific is not None:
+        return _http_endpoint(*specific, append=False)
+    if generic is not None:
+        return _http_endpoint(*generic, append=True, always=True)
+    return _HTTP_DEFAULT + _TRACES_PATH
 
 
-def resource_attributes(env: Mapping[str, str]) -> dict[str, str]:
-    """``service.name=agentrt``, overridden by ``OTEL_RESOURCE_ATTRIBUTES``
-    (``k=v,...``, percent-decoded) and then ``OTEL_SERVICE_NAME``."""
-    attrs = {SERVICE_NAME: DEFAULT_SERVICE_NAME}
-    for item in env.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
+# -- the resource --------------------------------------------------------------
+
+
+def _resource_problem(raw: str) -> str:
+    """What keeps ``OTEL_RESOURCE_ATTRIBUTES`` from decoding, or ''."""
+    for item in raw.split(","):
+        if not item.strip():
+            continue
         key, sep, value = item.partition("=")
-        if sep and key.strip():
-            attrs[key.strip()] = unquote(value.strip())
+        if not sep:
+            return f"{_shown(item.strip())} is not key=value"
+        if not key.strip():
+            return f"{_shown(item.strip())} has no key"
+        if _BAD_PERCENT.search(value):
+            return f"{_shown(item.strip())} has a % that is not a percent escape such as %20"
+        try:
+            unquote(value, errors="strict")
+        except UnicodeDecodeError:
+            return f"{_shown(item.strip())} decodes to bytes that are not UTF-8"
+    return ""
+
+
+def resource_attributes(env: Mapping[str, str],
+                        warnings: list[str] | None = None) -> dict[str, str]:
+    """``service.name=agentrt``, overridden by ``OTEL_RESOURCE_ATTRIBUTES``
+    (``k=v,...``, percent-decoded) and then ``OTEL_SERVICE_NAME``.
+
+    A ``OTEL_RESOURCE_ATTRIBUTES`` that does not decode is discarded whole, as
+    the OpenTelemetry resource SDK specification says, and a sentence saying
+    so is appended to ``warnings``."""
+    attrs = {SERVICE_NAME: DEFAULT_SERVICE_NAME}
+    raw = env.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    problem = _resource_problem(raw)
+    if problem:
+        if warnings is not None:
+            warnings.append(
+                f"otel: OTEL_RESOURCE_ATTRIBUTES {_shown(raw)} is ignored, all of it: {problem}; "
+                "write it as key=value,key2=value2 with values percent-encoded")
+    else:
+        for item in raw.split(","):
+            key, sep, value = item.partition("=")
+            if sep and key.strip():
+                attrs[key.strip()] = unquote(value.strip())
     service = env.get("OTEL_SERVICE_NAME", "").strip()
     if service:
         attrs[SERVICE_NAME] = service
@@ -272,14 +534,24 @@ def resolve_config(
 ) -> OTelConfig:
     """Resolve every setting once; arguments beat variables (None = not given).
 
-    Raises :class:`ConfigError` with one sentence naming the value and the fix.
+    The OTLP settings (protocol, endpoint, headers, compression) are resolved
+    and checked only for the ``otlp`` exporter, which is the one that uses them.
+    Raises :class:`ConfigError` with one sentence naming the value, where it
+    came from (an argument is named by its flag: ``--endpoint``, ``--header``)
+    and the fix.
     """
     env = os.environ if environ is None else environ
     kind = _exporter(exporter, env)
-    proto = _protocol(protocol, env) if kind == "otlp" else "http/protobuf"
     secure_arg = _insecure(insecure, env)
-    url = _endpoint(endpoint, proto, secure_arg, env)
-    scheme = urlsplit(url).scheme.lower() if "://" in url else ""
+    wait = _timeout(timeout, env)
+    warnings: list[str] = []
+    attrs = resource_attributes(env, warnings)
+    if kind != "otlp":
+        return OTelConfig(exporter=kind, insecure=secure_arg is not False, timeout=wait,
+                          resource_attributes=attrs, warnings=tuple(warnings))
+    proto = _protocol(protocol, env)
+    url = _endpoint(endpoint, proto, env)
+    scheme = url.partition(":")[0].lower() if "://" in url else ""
     plain = scheme == "http" if secure_arg is None else secure_arg
     if scheme == "https":
         plain = False
@@ -287,10 +559,12 @@ def resolve_config(
         exporter=kind,
         protocol=proto,
         endpoint=url,
-        headers=_headers(headers, env),
+        headers=_headers(headers, env, proto),
         insecure=plain,
-        timeout=_timeout(timeout, env),
-        resource_attributes=resource_attributes(env),
+        timeout=wait,
+        resource_attributes=attrs,
+        compression=_compression(env, proto),
+        warnings=tuple(warnings),
     )
 
 
@@ -305,6 +579,7 @@ def build_exporter(
             return ConsoleSpanExporter(out=console_out)
         return ConsoleSpanExporter()
     if config.protocol == "grpc":
+        import grpc  # type: ignore[import-untyped]
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
             OTLPSpanExporter as GrpcExporter,
         )
@@ -314,7 +589,11 @@ def build_exporter(
             insecure=config.insecure,
             headers=dict(config.headers) or None,
             timeout=config.timeout,
+            compression={"gzip": grpc.Compression.Gzip,
+                         "deflate": grpc.Compression.Deflate}.get(
+                             config.compression, grpc.Compression.NoCompression),
         )
+    from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
         OTLPSpanExporter as HttpExporter,
     )
@@ -323,4 +602,5 @@ def build_exporter(
         endpoint=config.endpoint,
         headers=dict(config.headers) or None,
         timeout=config.timeout,
+        compression=HttpCompression(config.compression),
     )

@@ -47,6 +47,12 @@ span it missed at the event that shows it, flagged
 the implied tool start (the event's time minus ``duration_ms``), a model call
 at its result's time minus ``latency_ms``.
 
+Every time, an event's or one implied from a duration, is kept within what
+OTLP carries on every hop (:func:`~agentrt_otel._fields.clamp_ns`): before
+1970 is 1970, after 2262-04-11T23:47:16.854775807Z (the largest signed 64-bit
+count of nanoseconds) is that instant. A time the exporter could not encode
+would fail its page on every attempt, and a page is never skipped.
+
 Deliberate departures from the reference (each keeps restart invariance):
 
 1. *An event for a run this mapper saw finish* never opens a new run, step,
@@ -110,6 +116,7 @@ from agentrt_otel._fields import (
     TOOL_APPROVAL,
     TOOL_ERROR,
     TOOL_NAME,
+    clamp_ns,
     decode_limits,
     event_time_ns,
 )
@@ -483,7 +490,7 @@ class SpanMapper:
 
     def _tool_finished(self, e: Event, p: Payload, at: int, out: list[SpanRecord]) -> None:
         duration = p.integer("duration_ms")
-        implied = at - duration * 1_000_000 if duration is not None else None
+        implied = clamp_ns(at - duration * 1_000_000) if duration is not None else None
         if p.is_true("late"):
             self._late_tool(e, p, at, implied, out)
             return
@@ -596,7 +603,7 @@ class SpanMapper:
                 span = finished.models.pop(call_id, None)
         if span is None:
             latency = p.integer("latency_ms")
-            start = at if latency is None else min(at - latency * 1_000_000, at)
+            start = at if latency is None else clamp_ns(min(at - latency * 1_000_000, at))
             attrs = self._model_attrs({}, e, p)
             span = OpenSpan("agentrt.model", e.run_id, _span_id("model", call_id),
                             _span_id("step", e.step_id), _CLIENT, start, attrs)

@@ -41,6 +41,14 @@ cursor.
 The SDK exporters retry a transient failure themselves within their timeout
 (``OTEL_EXPORTER_OTLP_TIMEOUT``, honouring ``Retry-After``); this loop
 handles the outages longer than that.
+
+An exporter that writes to a local stream (the console exporter, on stdout)
+has no collector to wait for: an ``OSError`` it raises (a reader that went
+away, ``| head``; a full disk) is that stream's failure, and waiting would
+never end. It propagates out of ``handle_page`` with the page's spans still
+pending, so the caller does not save its cursor past what the stream took
+(``agentrt-export`` ends quietly on a closed pipe, with exit 1 on another
+write error).
 """
 
 from __future__ import annotations
@@ -55,7 +63,7 @@ from typing import Protocol
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter, SpanExportResult
 
 from agentrt.errors import AgentrtError
 from agentrt.events import Event
@@ -113,6 +121,9 @@ class OTelSink:
     before this process did (see :class:`SpanMapper`). ``complaints`` say
     why the exporter reported FAILURE, for the line logged when an outage
     begins, and whether the request was too large (see the module doc).
+    ``local_stream`` says the exporter writes to a local stream, whose
+    ``OSError`` propagates instead of being waited out (default: whether it
+    is the SDK's ``ConsoleSpanExporter``).
     """
 
     def __init__(
@@ -127,6 +138,7 @@ class OTelSink:
         max_text: int = DEFAULT_MAX_TEXT,
         mapper: SpanMapper | None = None,
         complaints: Complaints | None = None,
+        local_stream: bool | None = None,
     ) -> None:
         if max_batch <= 0:
             raise ValueError(f"otel: max_batch {max_batch} must be positive")
@@ -138,6 +150,8 @@ class OTelSink:
         self._backoff = backoff if backoff is not None else Backoff()
         self._max_batch = max_batch
         self._complaints = complaints
+        self._local_stream = (isinstance(exporter, ConsoleSpanExporter) if local_stream is None
+                              else local_stream)
         self._pending: list[list[ReadableSpan]] = []
         self._mapped_seq = 0
         self._exported = 0
@@ -196,6 +210,8 @@ class OTelSink:
         try:
             result = self._exporter.export(batch)
         except Exception as err:  # an exporter bug must not skip spans either
+            if self._local_stream and isinstance(err, OSError):
+                raise  # the stream failed, not a collector: no wait would mend it
             return False, f"{type(err).__name__}: {err}"
         if result is SpanExportResult.SUCCESS:
             return True, ""

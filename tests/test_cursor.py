@@ -32,8 +32,8 @@ def test_file_cursor_loads_zero_when_missing_and_refuses_garbage(tmp_path):
     with pytest.raises(CursorError) as caught:
         cursor.load()
     assert str(caught.value) == (
-        f"export: load cursor: {path} does not hold a sequence number; "
-        "delete it to start over or restore it from a backup"
+        f"export: load cursor: {path} does not hold a sequence number; name another cursor "
+        "file, or remove it if it is a stale cursor, or restore it from a backup"
     )
     assert isinstance(caught.value, AgentrtError)
     assert caught.value.path == str(path)
@@ -80,6 +80,54 @@ def test_failed_save_leaves_the_old_cursor_intact(tmp_path, monkeypatch, fail):
     monkeypatch.undo()
     assert cursor.load() == 5
     assert os.listdir(tmp_path) == ["cursor"]
+
+
+def test_a_failed_save_names_the_cursor_file_and_the_seq_it_still_holds(tmp_path, monkeypatch):
+    gone = tmp_path / "gone" / "cursor"
+    with pytest.raises(CursorError) as caught:
+        FileCursor(gone).save(1)
+    assert str(caught.value) == (
+        f"export: save cursor: cannot write {gone}: No such file or directory; no seq was saved "
+        "before, so the next start sends every event again")  # no temp file, no previous seq
+    path = tmp_path / "cursor"
+    cursor = FileCursor(path)
+    cursor.save(5)
+
+    def no_space(*args):
+        raise OSError(errno.ENOSPC, "No space left on device", "/elsewhere/.cursor.tmp")
+
+    monkeypatch.setattr(os, "replace", no_space)
+    with pytest.raises(CursorError) as caught:
+        cursor.save(6)
+    assert str(caught.value) == (
+        f"export: save cursor: cannot write {path}: No space left on device; it holds seq 5, "
+        "so the next start sends the events after it again")
+
+
+def test_check_refuses_a_cursor_that_could_not_be_saved_before_anything_is_read(tmp_path):
+    db = tmp_path / "runs.db"
+    db.write_bytes(b"SQLite format 3\0")
+    os.link(db, tmp_path / "linked")
+    (tmp_path / "afile").write_text("")
+    refused = {
+        tmp_path / "gone" / "cursor": "the directory of cursor file {p} does not exist",
+        tmp_path / "afile" / "cursor": "cursor file {p} is not in a directory",
+        f"{tmp_path}{os.sep}": "cursor file {p} names a directory",
+        tmp_path: "cursor file {p} is not a regular file (a directory)",
+        os.devnull: "cursor file {p} is not a regular file (a character device)",
+        db: "cursor file {p} is the database",
+        tmp_path / "linked": "cursor file {p} is the database",
+        tmp_path / "." / "runs.db-wal": "cursor file {p} is the write-ahead log of the database",
+    }
+    for path, start in refused.items():
+        with pytest.raises(CursorError) as caught:
+            FileCursor(path).check(database=str(db))
+        assert str(caught.value).startswith("export: " + start.format(p=path)), path
+    FileCursor(tmp_path / "cursor").check(database=str(db))  # not there yet: fine
+    (tmp_path / "cursor").write_text("garbage")  # load says what is wrong with it
+    FileCursor(tmp_path / "cursor").check(database=str(db))
+    FileCursor(db).check()  # no database to compare with
+    assert sorted(os.listdir(tmp_path)) == ["afile", "cursor", "linked", "runs.db"]
 
 
 def test_save_into_a_missing_directory_is_a_cursor_error(tmp_path):

@@ -9,6 +9,7 @@ as it lands, and neither `jsonl` nor `otel` changes the database file.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import pty
@@ -24,11 +25,12 @@ from pathlib import Path
 
 import pytest
 from eventdb import REPO_ROOT, add_run, child_env, make_db
-from store_helpers import file_state
+from store_helpers import file_state, raw
 from stress import rounds
 
 from agentrt.store import open_existing, open_store
 from agentrt_export import DEFAULT_PAGE_SIZE, Follower
+from agentrt_export.follower import MAX_INTERVAL
 
 posix_modes = pytest.mark.skipif(sys.platform == "win32", reason="modes mean nothing there")
 
@@ -344,7 +346,8 @@ def test_export_reads_the_database_from_the_environment(tmp_path):
         (["jsonl", "--db", "{db}", "--page-size", "0"], 2, b"--page-size"),
         (["jsonl", "--db", "{db}", "--cursor-file", "{garbage}"], 1,
          b"does not hold a sequence number"),
-        (["jsonl", "--db", "{db}", "--after-seq", "999"], 1, b"replaced or restored"),
+        (["jsonl", "--db", "{db}", "--after-seq", "999"], 1,
+         b"--after-seq 999 is past the last event"),
         (["nonsense"], 2, b"No such command"),
     ],
 )
@@ -410,3 +413,229 @@ def test_a_progress_line_shows_while_a_backlog_drains_at_a_terminal(tmp_path):
 def test_the_follower_reads_pages_of_500_by_default():
     assert DEFAULT_PAGE_SIZE == 500
     assert Follower(open_store(":memory:"), once=True).page_size == 500
+
+
+# -- refusals before anything is exported, and failures in one sentence -----------------
+
+
+def one_error_line(done: subprocess.CompletedProcess[bytes]) -> str:
+    """The single ``error: ...`` line of a failed run, checked to be just that."""
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == b""
+    assert b"Traceback" not in done.stderr
+    assert done.stderr.startswith(b"error: ") and done.stderr.count(b"\n") == 1, done.stderr
+    return done.stderr.decode()[len("error: "):-1]
+
+
+def test_a_cursor_in_a_missing_directory_is_refused_before_anything_is_exported(tmp_path):
+    db = str(tmp_path / "runs.db")
+    make_db(db, runs=2, events_per_run=3).close()
+    cursor = str(tmp_path / "nodir" / "cur")
+    sentence = one_error_line(run_cli("jsonl", "--db", db, "--cursor-file", cursor))
+    assert sentence == (f"export: the directory of cursor file {cursor} does not exist: create "
+                        f"{tmp_path / 'nodir'}, or name a cursor file in an existing directory")
+    assert not (tmp_path / "nodir").exists()
+
+
+def _without_dac_override() -> None:
+    """In the child, before exec: root loses the right to write any directory
+    (CAP_DAC_OVERRIDE leaves its bounding set, so the program exec'd never has it)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(24, 1, 0, 0, 0) != 0:  # PR_CAPBSET_DROP, CAP_DAC_OVERRIDE
+        raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
+
+
+@posix_modes
+def test_a_cursor_in_a_directory_this_user_cannot_write_is_refused_before_exporting(tmp_path):
+    db = str(tmp_path / "runs.db")
+    make_db(db, runs=2, events_per_run=3).close()
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    cursor = str(locked / "cur")
+    env = child_env()
+    env.pop("AGENTRT_DB", None)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "agentrt_export.cli", "jsonl", "--db", db, "--cursor-file",
+             cursor], capture_output=True, env=env, cwd=REPO_ROOT, timeout=60,
+            preexec_fn=_without_dac_override if os.geteuid() == 0 else None)
+    except subprocess.SubprocessError as exc:
+        pytest.skip(f"root cannot give up CAP_DAC_OVERRIDE here: {exc}")
+    finally:
+        locked.chmod(0o700)
+    sentence = one_error_line(done)
+    assert sentence == (f"export: cannot save cursor file {cursor}: this user cannot write its "
+                        f"directory {locked}; make the directory writable, or name a cursor "
+                        "file in a directory this user can write")
+    assert os.listdir(locked) == []
+
+
+@pytest.mark.parametrize("command", ["jsonl", "otel"])
+@pytest.mark.parametrize(
+    ("damage", "args", "message"),
+    [
+        ("page", [], "database disk image is malformed"),
+        ("table", [], "no such table: events"),
+        ("column", ["--after-seq", "3"], "no such column: hash"),
+    ],
+)
+def test_a_database_that_cannot_be_read_is_one_sentence_not_a_traceback(
+        tmp_path, command, damage, args, message):
+    db = str(tmp_path / "runs.db")
+    make_db(db, runs=3, events_per_run=50).close()
+    conn = raw(db)
+    if damage == "page":
+        root = conn.execute("SELECT rootpage FROM sqlite_schema WHERE name = 'events'").fetchone()
+        size = conn.execute("PRAGMA page_size").fetchone()[0]
+        conn.close()
+        with open(db, "r+b") as f:
+            f.seek((root[0] - 1) * size)
+            f.write(b"\xff" * size)
+    else:
+        conn.execute("DROP TABLE events" if damage == "table"
+                     else "ALTER TABLE events DROP COLUMN hash")
+        conn.close()
+    env = child_env()
+    env.pop("AGENTRT_DB", None)
+    env["OTEL_TRACES_EXPORTER"] = "none"
+    done = subprocess.run([sys.executable, "-m", "agentrt_export.cli", command, "--db", db,
+                           *args], capture_output=True, env=env, cwd=REPO_ROOT, timeout=60)
+    # The operator command's wording for what SQLite could not read.
+    assert one_error_line(done) == f"reading {db}: {message}"
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "0.0001", "-1", "soon"])
+def test_an_interval_that_is_not_a_wait_is_a_usage_error(tmp_path, value):
+    db = str(tmp_path / "runs.db")
+    make_db(db, runs=1, events_per_run=3).close()
+    done = run_cli("jsonl", "--db", db, "--interval", value)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == b""
+    assert done.stderr.splitlines()[0].decode() == (
+        f"usage: Invalid value for '--interval': {value} is not a wait this follower can keep: "
+        "give a number of seconds from 0.001 up (a wait over 60 s is cut to 60 s)")
+    assert MAX_INTERVAL == 60
+
+
+def test_an_interval_above_the_cap_is_accepted_and_waits_at_most_60_s(tmp_path):
+    db = str(tmp_path / "runs.db")
+    make_db(db, runs=1, events_per_run=3).close()
+    for value in ("0.001", "3600"):
+        done = run_cli("jsonl", "--db", db, "--interval", value)
+        assert (done.returncode, done.stderr, len(done.stdout.splitlines())) == (0, b"", 3)
+
+
+@pytest.mark.parametrize("events", [3, 0])
+def test_after_seq_past_the_last_event_names_the_flag_not_a_cursor_file(tmp_path, events):
+    db = str(tmp_path / "runs.db")
+    make_db(db, runs=1 if events else 0, events_per_run=events).close()
+    sentence = one_error_line(run_cli("jsonl", "--db", db, "--after-seq", "9999"))
+    if events:
+        assert sentence == (f"--after-seq 9999 is past the last event of {db} (seq 3); give a "
+                            "seq up to 3, or leave --after-seq out to start at the first event")
+    else:
+        assert sentence == (f"--after-seq 9999 is past the end of {db}, which holds no events "
+                            "yet; leave --after-seq out to start at the first event")
+    assert "cursor" not in sentence
+    # The head itself is a place to start after: nothing new, no error.
+    done = run_cli("jsonl", "--db", db, "--after-seq", str(events))
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
+
+
+@pytest.mark.parametrize("which", ["itself", "hard link", "-wal", "-shm", "-journal"])
+def test_a_cursor_file_that_is_the_database_is_refused_without_advice_to_delete_it(
+        tmp_path, which):
+    db = str(tmp_path / "runs.db")
+    make_db(db, runs=1, events_per_run=3).close()
+    cursor = db
+    if which == "hard link":
+        cursor = str(tmp_path / "export.cursor")
+        os.link(db, cursor)
+    elif which != "itself":
+        cursor = db + which
+        if which == "-shm":
+            Path(cursor).write_bytes(b"")  # SQLite's, as a reader leaves it
+    before = file_state(db)
+    sentence = one_error_line(run_cli("jsonl", "--db", db, "--cursor-file", cursor))
+    what = {"-wal": "the write-ahead log of the database", "-shm": "the shared-memory index "
+            "of the database", "-journal": "the rollback journal of the database"}
+    assert sentence == (f"export: cursor file {cursor} is {what.get(which, 'the database')} "
+                        f"{db}; the cursor needs a file of its own: name another one, such as "
+                        f"{db}.cursor")
+    assert file_state(db) == before
+
+
+@pytest.mark.parametrize("kind", ["character device", "directory"])
+def test_a_cursor_path_that_is_not_a_regular_file_is_refused_as_such(tmp_path, kind):
+    db = str(tmp_path / "runs.db")
+    make_db(db, runs=1, events_per_run=3).close()
+    cursor = os.devnull if kind == "character device" else str(tmp_path)
+    sentence = one_error_line(run_cli("jsonl", "--db", db, "--cursor-file", cursor))
+    assert sentence == (f"export: cursor file {cursor} is not a regular file (a {kind}); name a "
+                        "file that holds only the cursor (it is created on the first save)")
+
+
+def test_a_cursor_file_holding_no_number_is_not_met_with_advice_to_delete_it(tmp_path):
+    db = str(tmp_path / "runs.db")
+    make_db(db, runs=1, events_per_run=3).close()
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a number\n")
+    sentence = one_error_line(run_cli("jsonl", "--db", db, "--cursor-file", str(notes)))
+    assert sentence == (f"export: load cursor: {notes} does not hold a sequence number; name "
+                        "another cursor file, or remove it if it is a stale cursor, or restore "
+                        "it from a backup")
+    assert notes.read_text() == "not a number\n"
+
+
+def test_a_newer_schema_gets_the_operator_commands_sentence(tmp_path):
+    db = str(tmp_path / "runs.db")
+    make_db(db, runs=1, events_per_run=3).close()
+    conn = raw(db)
+    conn.execute("INSERT INTO schema_migrations VALUES (99, '2030-01-01T00:00:00Z')")
+    conn.close()
+    exported = one_error_line(run_cli("jsonl", "--db", db))
+    env = child_env()
+    env.pop("AGENTRT_DB", None)
+    operator = subprocess.run([sys.executable, "-m", "agentrt.cli", "--db", db, "runs"],
+                              capture_output=True, env=env, cwd=REPO_ROOT, timeout=60)
+    assert exported == one_error_line(operator)
+    assert exported.startswith(f"{db} is at schema version 99, which is newer than this build")
+
+
+def test_a_cursor_path_with_control_characters_is_shown_escaped_on_one_line(tmp_path):
+    db = str(tmp_path / "runs.db")
+    make_db(db, runs=1, events_per_run=3).close()
+    odd = tmp_path / "x\x1b[31mred\nline"
+    odd.mkdir()
+    (odd / "cur").write_text("garbage\n")
+    sentence = one_error_line(run_cli("jsonl", "--db", db, "--cursor-file", str(odd / "cur")))
+    assert "\x1b" not in sentence
+    shown = str(tmp_path / "x\\x1b[31mred line" / "cur")
+    assert sentence.startswith(f"export: load cursor: {shown} does not hold a sequence number")
+
+
+def test_a_run_without_events_gets_a_note_and_exit_0(tmp_path):
+    db = str(tmp_path / "runs.db")
+    make_db(db, runs=2, events_per_run=3).close()
+    done = run_cli("jsonl", "--db", db, "--run", "nosuch")
+    assert (done.returncode, done.stdout) == (0, b"")
+    assert done.stderr == f"no events of run nosuch in {db}\n".encode()
+    done = run_cli("jsonl", "--db", db, "--run", "run-1")
+    assert (done.returncode, done.stderr) == (0, b"")
+    assert [json.loads(line)["run_id"] for line in done.stdout.splitlines()] == ["run-1"] * 3
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("--run", "usage: --run is empty: give a run id, or leave --run out to export every run"),
+        ("--cursor-file", "usage: --cursor-file is empty: name the file that keeps the "
+                          "position, or leave --cursor-file out"),
+    ],
+)
+def test_an_empty_run_or_cursor_file_is_a_usage_error(tmp_path, option, message):
+    db = str(tmp_path / "runs.db")
+    make_db(db, runs=1, events_per_run=3).close()
+    done = run_cli("jsonl", "--db", db, option, "")
+    assert (done.returncode, done.stdout) == (2, b""), done.stderr
+    assert done.stderr.decode().splitlines()[0] == message

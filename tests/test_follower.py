@@ -18,7 +18,14 @@ from eventdb import add_run, make_db
 from agentrt.events import Event
 from agentrt.records import MAX_PAGE_TEXT
 from agentrt.store import open_existing, open_store
-from agentrt_export import FileCursor, Follower, FollowError, JSONLSink, MemoryCursor
+from agentrt_export import (
+    CursorError,
+    FileCursor,
+    Follower,
+    FollowError,
+    JSONLSink,
+    MemoryCursor,
+)
 
 
 class HardKill(BaseException):
@@ -157,6 +164,37 @@ def test_follower_rejects_bad_settings(db_path):
         Follower(store, page_size=-1)
     with pytest.raises(FollowError, match="sink"):
         Follower(store, once=True).follow(None)  # type: ignore[arg-type]
+
+
+def test_follower_refuses_a_nan_interval(db_path):
+    store = make_db(db_path)
+    with pytest.raises(FollowError, match="^export: interval nan is not a number of seconds$"):
+        Follower(store, interval=float("nan"))
+    assert Follower(store, interval=float("inf")).interval == 60.0
+    assert Follower(store, interval=0).interval == 0
+
+
+def test_follower_checks_a_file_cursor_before_delivering_anything(db_path, tmp_path):
+    make_db(db_path, runs=1, events_per_run=3)
+    reader = open_existing(db_path)
+    for path in (tmp_path / "gone" / "cursor", db_path, os.devnull):
+        got: list[Event] = []
+        with pytest.raises(CursorError):
+            Follower(reader, cursor=FileCursor(path), once=True).follow(got.append)
+        assert got == []
+
+
+def test_a_file_cursor_ahead_of_the_database_names_the_file(db_path, tmp_path):
+    make_db(db_path, runs=1, events_per_run=3)
+    path = tmp_path / "cursor"
+    path.write_text("99\n")
+    follower = Follower(open_existing(db_path), cursor=FileCursor(path), once=True)
+    with pytest.raises(FollowError) as caught:
+        follower.follow(lambda e: None)
+    assert str(caught.value) == (
+        f"export: cursor file {path} is at seq 99 but {db_path} ends at seq 3: the database "
+        f"was replaced or restored from a backup; delete {path} to start over, or write into "
+        "it a seq the database has")
 
 
 def test_cursor_ahead_of_the_database_is_refused(db_path):

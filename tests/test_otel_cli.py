@@ -173,3 +173,188 @@ def _free_port() -> int:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
+
+
+# -- bad input is one sentence and exit 2, never an export retried for ever --
+
+def run_otel(db: str, *args: str, env: dict[str, str] | None = None,
+             timeout: float = 30) -> subprocess.CompletedProcess:
+    """The command as a real process with no OTEL_* variables but ``env``;
+    a process still running after ``timeout`` (retrying) fails the test."""
+    full = child_env()
+    for key in list(full):
+        if key.startswith("OTEL_"):
+            del full[key]
+    full.update(env or {})
+    try:
+        return subprocess.run([sys.executable, "-m", "agentrt_export.cli", "otel", "--db", db,
+                               *args], capture_output=True, env=full, cwd=REPO_ROOT,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"otel {args} {env} was still running after {timeout} s (retrying)")
+
+
+@pytest.mark.parametrize(("env", "args", "said"), [
+    ({}, ["--endpoint", "http://[::1"],
+     '--endpoint "http://[::1": it is not a URL (Invalid IPv6 URL)'),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://[::1"}, [],
+     'OTEL_EXPORTER_OTLP_ENDPOINT "http://[::1": it is not a URL'),
+    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://[::1"}, ["--protocol", "grpc"],
+     'OTEL_EXPORTER_OTLP_TRACES_ENDPOINT "http://[::1": it is not a URL'),
+    ({}, ["--endpoint", "notaurl"], '--endpoint "notaurl": it has no http:// or https://'),
+    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "notaurl"}, [],
+     'OTEL_EXPORTER_OTLP_TRACES_ENDPOINT "notaurl": it has no http:// or https://'),
+    ({}, ["--endpoint", "ftp://x/"], '--endpoint "ftp://x/": its scheme "ftp" is not http'),
+    ({}, ["--endpoint", "http://host:99999/"], 'port "99999" is not a number from 1 to 65535'),
+    ({}, ["--protocol", "grpc", "--endpoint", "host:99999"], 'port "99999" is not a number'),
+    ({}, ["--endpoint", ""], '--endpoint "": give the collector\'s address'),
+    ({}, ["--header", "k=v\nx"], 'header "k" (from --header): its value holds U+000A'),
+    ({}, ["--header", "k=v€"], 'header "k" (from --header): its value holds "€" (U+20AC)'),
+    ({}, ["--header", "bad key=v"], 'header "bad key" (from --header): a header name is'),
+    ({}, ["--protocol", "grpc", "--header", "bad key=v"],
+     'header "bad key" (from --header): a gRPC metadata name holds only'),
+    ({"OTEL_EXPORTER_OTLP_HEADERS": "k=v%0Ax"}, [],
+     'header "k" (from OTEL_EXPORTER_OTLP_HEADERS): its value holds U+000A'),
+    ({"OTEL_EXPORTER_OTLP_TRACES_HEADERS": "k=v%E2%82%AC"}, [],
+     'header "k" (from OTEL_EXPORTER_OTLP_TRACES_HEADERS): its value holds "€"'),
+    ({"OTEL_EXPORTER_OTLP_COMPRESSION": "bad"}, [],
+     'OTEL_EXPORTER_OTLP_COMPRESSION "bad": gzip, deflate, or none'),
+    ({"OTEL_EXPORTER_OTLP_COMPRESSION": "deflate"}, ["--protocol", "grpc"],
+     'OTEL_EXPORTER_OTLP_COMPRESSION "deflate": gzip or none over grpc'),
+])
+def test_otel_command_refuses_an_unusable_endpoint_header_or_compression_as_usage(
+    tmp_path, env, args, said,
+):
+    db = str(tmp_path / "runs.db")
+    scenario_db(db)
+    before = (tmp_path / "runs.db").read_bytes()
+    done = run_otel(db, "--cursor-file", str(tmp_path / "cursor"), *args, env=env)
+    err = done.stderr.decode()
+    assert done.returncode == 2, err
+    first = err.splitlines()[0]
+    assert first.startswith("usage: otel: ") and said in first, err
+    assert "Traceback" not in err and "Unsupported compression" not in err
+    assert "E1" not in err and "validate_metadata" not in err  # the gRPC core said nothing
+    assert done.stdout == b""
+    assert not (tmp_path / "cursor").exists()
+    assert (tmp_path / "runs.db").read_bytes() == before
+
+
+# -- what the command does with the rest -----------------------------------
+
+FAR_FUTURE = "9999-12-31T23:59:59.999999999Z"
+
+
+@pytest.mark.parametrize("exporter", ["otlp", "console"])
+def test_otel_command_delivers_a_page_holding_an_event_dated_9999(tmp_path, exporter):
+    # The year-10000 time failed the page on every attempt (the console's
+    # "year 10000 is out of range", the encoder's "Value out of range").
+    import sqlite3
+
+    db = str(tmp_path / "runs.db")
+    events = scenario_db(db)
+    last = events[-1].seq
+    with sqlite3.connect(db) as conn:  # the stored text, as the audit wrote it
+        conn.execute("UPDATE events SET at = ? WHERE seq = ?", (FAR_FUTURE, last))
+    conn.close()
+    cursor = tmp_path / "cursor"
+    if exporter == "console":
+        done = run_otel(db, "--cursor-file", str(cursor),
+                        env={"OTEL_TRACES_EXPORTER": "console"})
+        assert done.returncode == 0, done.stderr
+        assert b"2262-04-11T23:47:16" in done.stdout and b"failed" not in done.stderr
+    else:
+        with HttpReceiver() as receiver:
+            done = run_otel(db, "--endpoint", receiver.base, "--cursor-file", str(cursor))
+            assert done.returncode == 0, done.stderr
+            assert received_keys(receiver) == expected_keys(events)
+            ends = {s.end_ns for s in receiver.spans() if s.name == "agentrt.run"}
+            assert 2**63 - 1 in ends  # the model run finished "in 9999": the latest OTLP time
+    assert cursor.read_text() == f"{last}\n"
+
+
+def many_runs_db(path: str, runs: int = 20) -> list:
+    stream = EventStream("run-0")
+    for i in range(runs):
+        scenario_completed(stream.use(f"run-{i}"))
+    append_events(path, stream.events)
+    return stream.events
+
+
+@pytest.mark.parametrize("when", ["before the first span", "after the first line"])
+def test_otel_command_with_the_console_exporter_ends_quietly_when_stdout_closes(tmp_path, when):
+    # `OTEL_TRACES_EXPORTER=console agentrt-export otel | head -n 1` never
+    # ended: the closed pipe was taken for a collector outage and retried.
+    db = str(tmp_path / "runs.db")
+    events = many_runs_db(db)
+    cursor = tmp_path / "cursor"
+    env = child_env()
+    env["OTEL_TRACES_EXPORTER"] = "console"
+    with open(tmp_path / "err", "wb") as err_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentrt_export.cli", "otel", "--db", db, "--cursor-file",
+             str(cursor), "--page-size", "10"],
+            stdout=subprocess.PIPE, stderr=err_file, env=env, cwd=REPO_ROOT)
+        assert proc.stdout is not None
+        if when == "after the first line":
+            assert proc.stdout.readline().strip() == b"{"  # head -n 1
+        proc.stdout.close()
+        try:
+            code = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            pytest.fail("the exporter kept retrying a closed stdout")
+    err = (tmp_path / "err").read_text()
+    assert code == 0, err
+    assert err == ""  # quietly: no outage line, no traceback
+    if when == "before the first span":
+        assert not cursor.exists()
+    else:  # saved only after pages the pipe took, never to the end
+        saved = int(cursor.read_text()) if cursor.exists() else 0
+        assert saved < events[-1].seq
+
+
+def test_otel_command_over_grpc_takes_compression_none_and_gzip(tmp_path):
+    # The SDK's gRPC exporter raised on "none" (a traceback at start-up); the
+    # setting is now resolved here and handed to it.
+    db = str(tmp_path / "runs.db")
+    events = scenario_db(db)
+    for value in ("none", "gzip"):
+        with GrpcReceiver() as receiver:
+            done = run_otel(db, "--protocol", "grpc", "--insecure", "--endpoint",
+                            f"127.0.0.1:{receiver.port}",
+                            env={"OTEL_EXPORTER_OTLP_COMPRESSION": value})
+            assert done.returncode == 0, done.stderr
+            assert b"Traceback" not in done.stderr
+            assert received_keys(receiver) == expected_keys(events)
+
+
+def test_otel_command_sends_gzip_over_http_when_the_environment_says_so(tmp_path):
+    db = str(tmp_path / "runs.db")
+    events = scenario_db(db)
+    with HttpReceiver() as receiver:
+        done = run_otel(db, "--endpoint", receiver.base,
+                        env={"OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "gzip"})
+        assert done.returncode == 0, done.stderr
+        assert received_keys(receiver) == expected_keys(events)
+        assert {h.get("content-encoding") for h in receiver.headers} == {"gzip"}
+
+
+def test_otel_command_warns_once_and_exports_when_resource_attributes_do_not_decode(tmp_path):
+    # The resource SDK specification: a value that does not decode is
+    # discarded whole and reported; it was silently half-applied.
+    db = str(tmp_path / "runs.db")
+    events = scenario_db(db)
+    with HttpReceiver() as receiver:
+        done = run_otel(db, "--endpoint", receiver.base,
+                        env={"OTEL_RESOURCE_ATTRIBUTES": "team=billing,garbage",
+                             "OTEL_SERVICE_NAME": "agentrt-test"})
+        assert done.returncode == 0, done.stderr
+        assert done.stderr.decode().splitlines() == [
+            'otel: OTEL_RESOURCE_ATTRIBUTES "team=billing,garbage" is ignored, all of it: '
+            '"garbage" is not key=value; write it as key=value,key2=value2 with values '
+            "percent-encoded"]
+        assert received_keys(receiver) == expected_keys(events)
+        resources = [s.resource for s in receiver.spans()]
+        assert all("team" not in r and r["service.name"] == "agentrt-test" for r in resources)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+from typing import Any
+from urllib.parse import quote
 
 import pytest
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
@@ -144,7 +146,10 @@ def test_a_protocol_argument_beats_the_environment_and_is_checked_too() -> None:
     ("http://a:9", {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://t:1/custom"},
      "http://a:9/v1/traces"),
     ("http://a:9/x", {}, "http://a:9/x"),
-    ("a:9", {}, "https://a:9/v1/traces"),
+    ("https://[::1]:9", {}, "https://[::1]:9/v1/traces"),
+    ("http://a:9?tenant=1", {}, "http://a:9/v1/traces?tenant=1"),
+    (None, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "", "OTEL_EXPORTER_OTLP_ENDPOINT": " "},
+     "http://localhost:4318/v1/traces"),
 ])
 def test_the_http_endpoint_follows_argument_specific_generic_default(
     arg: str | None, env: dict[str, str], endpoint: str,
@@ -153,8 +158,13 @@ def test_the_http_endpoint_follows_argument_specific_generic_default(
 
 
 def test_a_schemeless_endpoint_is_plain_text_only_when_insecure() -> None:
-    config = resolve_config(endpoint="a:9", insecure=True, environ={})
-    assert (config.endpoint, config.insecure) == ("http://a:9/v1/traces", True)
+    # A gRPC endpoint may be host:port (the specification lets it take any form
+    # the gRPC client does); an HTTP one must be a URL, so its scheme says.
+    config = resolve_config(protocol="grpc", endpoint="a:9", insecure=True, environ={})
+    assert (config.endpoint, config.insecure) == ("a:9", True)
+    assert resolve_config(protocol="grpc", endpoint="a:9", environ={}).insecure is False
+    with pytest.raises(ConfigError, match='--endpoint "a:9": it has no http:// or https://'):
+        resolve_config(endpoint="a:9", insecure=True, environ={})
 
 
 @pytest.mark.parametrize(("arg", "env", "endpoint", "insecure"), [
@@ -207,6 +217,174 @@ def test_the_built_exporters_use_the_resolved_settings() -> None:
     assert isinstance(grpc, GrpcExporter)
     assert grpc._endpoint == "h:2" and grpc._insecure is True
     grpc.shutdown()
+
+
+# -- values the exporter could never use are refused before anything is sent --
+
+_HTTP = "http/protobuf"
+
+
+@pytest.mark.parametrize(("protocol", "value", "problem"), [
+    (_HTTP, "http://[::1", "it is not a URL (Invalid IPv6 URL)"),
+    ("grpc", "http://[::1", "it is not a URL (Invalid IPv6 URL)"),
+    (_HTTP, "notaurl", "it has no http:// or https:// in front"),
+    (_HTTP, "collector:4318", "it has no http:// or https:// in front"),
+    (_HTTP, "ftp://x/", 'its scheme "ftp" is not http or https'),
+    ("grpc", "ftp://x/", 'its scheme "ftp" is not http or https'),
+    (_HTTP, "http://host:99999/", 'port "99999" is not a number from 1 to 65535'),
+    ("grpc", "https://host:0", 'port "0" is not a number from 1 to 65535'),
+    ("grpc", "host:99999", 'port "99999" is not a number from 1 to 65535'),
+    (_HTTP, "http://host:+1/", 'port "+1" is not a number from 1 to 65535'),
+    (_HTTP, "http://:4318", "it names no host"),
+    (_HTTP, "http://bad host:4318", "it holds U+0020"),
+    (_HTTP, "http://b<d:4318", 'host "b<d" is not a host name or address'),
+    ("grpc", "[::1:4317", 'its IPv6 address has no closing "]"'),
+    ("grpc", "notaurl", "give the port too, such as notaurl:4317"),
+    ("grpc", "unix:", "a gRPC unix: target needs an address"),
+    (_HTTP, "http://host:4318/v1/\ttraces", "it holds U+0009"),
+    ("grpc", "dns:///host :4317", "it holds U+0020"),
+])
+@pytest.mark.parametrize("source", [
+    "--endpoint", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"])
+def test_a_malformed_endpoint_is_one_sentence_naming_it_and_where_it_came_from(
+    source: str, protocol: str, value: str, problem: str,
+) -> None:
+    # 'http://[::1' raised urllib's ValueError (a traceback); the others were
+    # accepted and then retried for ever as if the collector were down.
+    kw: dict[str, Any] = ({"endpoint": value, "environ": {}} if source == "--endpoint"
+                          else {"environ": {source: value}})
+    with pytest.raises(ConfigError) as caught:
+        resolve_config(protocol=protocol, **kw)
+    message = str(caught.value)
+    shown = value.encode("unicode_escape").decode()  # a tab shows as \t
+    assert message.startswith(f'otel: {source} "{shown}": {problem}'), message
+    assert "\n" not in message and len(message.splitlines()) == 1
+
+
+@pytest.mark.parametrize("endpoint", [
+    "localhost:4317", "127.0.0.1:4317", "[::1]:4317", "http://collector:4317",
+    "https://collector", "unix:///run/otel.sock", "unix:relative.sock", "dns:///collector:4317",
+    "ipv4:127.0.0.1:4317",
+])
+def test_a_grpc_endpoint_may_be_host_port_a_url_or_a_grpc_target(endpoint: str) -> None:
+    assert resolve_config(protocol="grpc", endpoint=endpoint, environ={}).endpoint == endpoint
+
+
+def test_an_empty_endpoint_argument_is_refused_and_an_empty_variable_is_unset() -> None:
+    for empty in ("", "  "):
+        with pytest.raises(ConfigError, match=r'^otel: --endpoint "\s*": give the collector'):
+            resolve_config(endpoint=empty, environ={})
+    env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:1"}
+    assert resolve_config(environ=env).endpoint == "http://c:1/v1/traces"
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": ""}
+    assert resolve_config(protocol="grpc", environ=env).endpoint == "http://localhost:4317"
+
+
+@pytest.mark.parametrize(("protocol", "headers", "said"), [
+    (_HTTP, {"k": "v\nx"}, 'header "k" (from --header): its value holds U+000A'),
+    (_HTTP, {"k": "v\rx"}, 'header "k" (from --header): its value holds U+000D'),
+    (_HTTP, {"k": "v€"}, 'header "k" (from --header): its value holds "€" (U+20AC)'),
+    (_HTTP, {"k": "v\x7f"}, 'header "k" (from --header): its value holds U+007F'),
+    (_HTTP, {"bad key": "v"}, 'header "bad key" (from --header): a header name is letters'),
+    (_HTTP, {"k:x": "v"}, 'header "k:x" (from --header): a header name is letters'),
+    ("grpc", {"k": "é"}, 'header "k" (from --header): its value holds "é" (U+00E9); a gRPC'),
+    ("grpc", {"k": "a\tb"}, 'header "k" (from --header): its value holds U+0009; a gRPC'),
+    ("grpc", {"x!y": "v"}, 'header "x!y" (from --header): a gRPC metadata name holds only'),
+    ("grpc", {"k-bin": "v"}, 'header "k-bin" (from --header): a name ending in -bin'),
+])
+def test_a_header_the_transport_could_never_send_is_refused(
+    protocol: str, headers: dict[str, str], said: str,
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        resolve_config(protocol=protocol, headers=headers, environ={})
+    assert str(caught.value).startswith("otel: " + said), str(caught.value)
+    # The value may be a secret: the header is named, its value not shown.
+    assert all(v not in str(caught.value) for v in headers.values() if len(v) > 1)
+    # The same from the variables, where values are percent-decoded first.
+    env_value = ",".join(f"{k}={quote(v)}" for k, v in headers.items())
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS"):
+        with pytest.raises(ConfigError) as caught:
+            resolve_config(protocol=protocol, environ={name: env_value})
+        assert str(caught.value).startswith("otel: " + said.replace("--header", name))
+
+
+def test_headers_a_collector_takes_pass() -> None:
+    ok = {"authorization": "Bearer abc.DEF-_~+/=", "x-tenant": "Zürich\tnord", "e": ""}
+    assert dict(resolve_config(headers=ok, environ={}).headers) == ok
+    grpc_ok = {"authorization": "Bearer abc", "x-tenant.id_2": "a b"}
+    assert dict(resolve_config(protocol="grpc", headers=grpc_ok, environ={}).headers) == grpc_ok
+
+
+@pytest.mark.parametrize(("env", "protocol", "compression"), [
+    ({}, _HTTP, "none"),
+    ({"OTEL_EXPORTER_OTLP_COMPRESSION": ""}, _HTTP, "none"),
+    ({"OTEL_EXPORTER_OTLP_COMPRESSION": " GZIP "}, _HTTP, "gzip"),
+    ({"OTEL_EXPORTER_OTLP_COMPRESSION": "deflate"}, _HTTP, "deflate"),
+    ({"OTEL_EXPORTER_OTLP_COMPRESSION": "gzip",
+      "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "none"}, "grpc", "none"),
+    ({"OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "gzip"}, "grpc", "gzip"),
+])
+def test_compression_follows_the_specific_then_the_generic_variable(
+    env: dict[str, str], protocol: str, compression: str,
+) -> None:
+    config = resolve_config(protocol=protocol, environ=env)
+    assert config.compression == compression
+    exporter = build_exporter(config)  # the SDK's gRPC exporter raised on "none"
+    assert exporter is not None
+    if protocol == "grpc":
+        assert isinstance(exporter, GrpcExporter)
+        assert exporter._compression.name.lower() == {"none": "nocompression"}.get(
+            compression, compression)
+    else:
+        assert isinstance(exporter, HttpExporter)
+        assert exporter._compression.value == compression
+    exporter.shutdown()
+
+
+@pytest.mark.parametrize(("env", "protocol", "message"), [
+    ({"OTEL_EXPORTER_OTLP_COMPRESSION": "bad"}, _HTTP,
+     'otel: OTEL_EXPORTER_OTLP_COMPRESSION "bad": gzip, deflate, or none'),
+    ({"OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "zstd"}, "grpc",
+     'otel: OTEL_EXPORTER_OTLP_TRACES_COMPRESSION "zstd": gzip or none'),
+    ({"OTEL_EXPORTER_OTLP_COMPRESSION": "deflate"}, "grpc",
+     'otel: OTEL_EXPORTER_OTLP_COMPRESSION "deflate": gzip or none over grpc (a collector\'s '
+     "gRPC receiver does not take deflate; http/protobuf does)"),
+])
+def test_an_unknown_compression_is_refused_instead_of_the_sdks_warning(
+    env: dict[str, str], protocol: str, message: str,
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        resolve_config(protocol=protocol, environ=env)
+    assert str(caught.value) == message
+
+
+@pytest.mark.parametrize(("raw", "problem"), [
+    ("garbage", '"garbage" is not key=value'),
+    ("team=a,garbage", '"garbage" is not key=value'),
+    ("=x", '"=x" has no key'),
+    ("team=100%", '"team=100%" has a % that is not a percent escape'),
+    ("team=%FF", '"team=%FF" decodes to bytes that are not UTF-8'),
+])
+def test_resource_attributes_that_do_not_decode_are_discarded_whole_with_a_warning(
+    raw: str, problem: str,
+) -> None:
+    # The resource SDK specification: on any error, discard the entire value
+    # and report it; the export goes on.
+    config = resolve_config(environ={"OTEL_RESOURCE_ATTRIBUTES": raw, "OTEL_SERVICE_NAME": "s"})
+    attrs = dict(config.resource().attributes)
+    assert "team" not in attrs and attrs["service.name"] == "s"
+    (warning,) = config.warnings
+    assert warning.startswith(f'otel: OTEL_RESOURCE_ATTRIBUTES "{raw}" is ignored, all of it: '
+                              f"{problem}"), warning
+    good = resolve_config(environ={"OTEL_RESOURCE_ATTRIBUTES": " team=a%2Cb , ,x=1"})
+    assert good.warnings == () and good.resource().attributes["team"] == "a,b"
+
+
+def test_otlp_settings_are_not_checked_for_the_console_or_none_exporter() -> None:
+    stale = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://[::1", "OTEL_EXPORTER_OTLP_HEADERS": "a b=c",
+             "OTEL_EXPORTER_OTLP_COMPRESSION": "bad", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}
+    for kind in ("console", "none"):
+        assert resolve_config(environ={**stale, "OTEL_TRACES_EXPORTER": kind}).exporter == kind
 
 
 def test_an_exporter_that_is_shut_down_reports_failure_rather_than_raising() -> None:

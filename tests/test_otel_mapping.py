@@ -470,3 +470,71 @@ def test_a_denied_tool_call_is_still_a_tool_step_and_approvals_are_guardrails() 
     assert step["openinference.span.kind"] == "TOOL"
     assert step["gen_ai.tool.name"] == "publish"  # from the decision: the tool never ran
     assert one(spans, "agentrt.approval").attributes["openinference.span.kind"] == "GUARDRAIL"
+
+
+# -- times OTLP cannot carry --------------------------------------------------
+
+#: The latest time a stored event can hold (Python's datetime stops at 9999;
+#: the nanoseconds are the Go reference's).
+FAR_FUTURE = "9999-12-31T23:59:59.999999999Z"
+#: The largest signed 64-bit count of nanoseconds: 2262-04-11T23:47:16.854775807Z.
+LATEST_NS = 2**63 - 1
+
+
+def _all_times(spans: list[SpanRecord]) -> list[int]:
+    return [t for s in spans for t in (s.start_ns, s.end_ns, *(e.time_ns for e in s.events))]
+
+
+def _send_everywhere(spans: list[SpanRecord]) -> str:
+    """Encode ``spans`` as the OTLP exporters do and print them as the console
+    exporter does; either raised on every attempt for a time out of range."""
+    import io
+
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExportResult
+
+    from agentrt_otel import build_resource, to_readable_spans
+
+    ready = to_readable_spans(spans, build_resource({}))
+    encode_spans(ready).SerializeToString()
+    out = io.StringIO()
+    assert ConsoleSpanExporter(out=out).export(ready) is SpanExportResult.SUCCESS
+    return out.getvalue()
+
+
+def test_an_event_dated_9999_maps_to_the_latest_time_otlp_carries_and_the_page_encodes(
+) -> None:
+    from agentrt_otel.testing import scenario_completed
+
+    s = EventStream("r")
+    scenario_completed(s)
+    # Every event from the first step on is dated past what OTLP carries.
+    first_step = next(i for i, e in enumerate(s.events) if e.type == "step.started")
+    events = s.events[:first_step] + [e._replace(at=FAR_FUTURE) for e in s.events[first_step:]]
+    assert events[-1].at.year == 9999
+    spans = SpanMapper().map_all(events)
+    run = one(spans, "agentrt.run")
+    assert run.start_ns == 1_790_344_984_001_000_000  # 2026-09-25T14:03:04.001Z, its own
+    assert run.end_ns == LATEST_NS
+    assert {s.end_ns for s in named(spans, "agentrt.step")} == {LATEST_NS}
+    assert max(_all_times(spans)) == LATEST_NS
+    assert "2262-04-11T23:47:16" in _send_everywhere(spans)
+
+
+def test_a_duration_or_latency_that_implies_a_start_out_of_range_is_clamped() -> None:
+    s = EventStream("r")
+    s.run_created()
+    # Spans whose start was not seen start at the time the duration implies.
+    s.tool_finished("s", "read", 2**63 - 1)  # before 1970: at 0
+    s.model_result("t", "c", 1, latency_ms=2**63 - 1)
+    s.emit("step.tool_finished", {"tool": "read", "duration_ms": -(2**63)}, "u")
+    s.tool_finished("v", "read", 2**63 - 1, late=True)
+    s.run_finished("COMPLETED", "goal_completed")
+    spans = SpanMapper().map_all(s.events)
+    steps = {sp.attributes["agentrt.step.id"]: sp for sp in named(spans, "agentrt.step")}
+    assert steps["s"].start_ns == 0
+    assert steps["u"].start_ns == LATEST_NS  # implied after its end: kept in range
+    assert one(spans, "agentrt.model").start_ns == 0
+    assert one(spans, "agentrt.tool.late").start_ns == 0
+    assert min(_all_times(spans)) == 0 and max(_all_times(spans)) <= LATEST_NS
+    _send_everywhere(spans)

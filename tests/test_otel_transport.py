@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from collections.abc import Sequence
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter, SpanExportResult
 
 from agentrt.events import Event
 from agentrt_otel import Backoff, ExportStopped, OTelSink, SpanMapper, SpanRecord
@@ -271,3 +272,37 @@ def test_a_failure_that_is_not_about_size_never_splits_the_batch() -> None:
                                           "rate limited")
     OTelSink(exporter, backoff=FAST, complaints=complaints).handle_page(events())
     assert len({len(c) for c in exporter.calls}) == 1
+
+
+class ClosedPipe(io.StringIO):
+    """stdout whose reader went away (``| head``): the first flush fails."""
+
+    def flush(self) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_closed_stream_under_the_console_exporter_ends_the_page_instead_of_waiting() -> None:
+    # The console exporter's BrokenPipeError was taken for a collector outage
+    # and retried for ever (the 30 s backoff and the timer would end that as
+    # ExportStopped); now it propagates at once, the spans still pending.
+    sink = OTelSink(ConsoleSpanExporter(out=ClosedPipe()),
+                    backoff=Backoff(initial=30.0, maximum=30.0))
+    timer = threading.Timer(5.0, sink.close)
+    timer.start()
+    try:
+        with pytest.raises(BrokenPipeError):
+            sink.handle_page(events())
+    finally:
+        timer.cancel()
+    assert sink.exported == 0 and sink.pending == 12
+
+
+def test_an_oserror_is_a_local_stream_failure_only_for_an_exporter_that_writes_one() -> None:
+    full = OSError(28, "No space left on device")
+    with pytest.raises(OSError, match="No space left"):
+        OTelSink(FakeExporter([full]), backoff=FAST, local_stream=True).handle_page(events())
+    # An OSError out of a network exporter is still an outage, retried.
+    exporter = FakeExporter([ConnectionResetError(104, "Connection reset by peer")])
+    sink = OTelSink(exporter, backoff=FAST)
+    sink.handle_page(events())
+    assert len(exporter.calls) == 2 and sink.exported == 12
