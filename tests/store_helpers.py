@@ -129,3 +129,24 @@ def build_old_database(path: str | Path, version: int) -> apsw.Connection:
         conn.execute("INSERT INTO schema_migrations VALUES (?, '2026-01-01T00:00:00Z')",
                      (number,))
     return conn
+
+
+#: What root's file access rests on; without them root meets file modes as any user.
+DROP_FILE_CAPS = ["--inh-caps=-all", "--bounding-set", "-dac_override,-dac_read_search,-fowner"]
+
+
+def without_file_privileges() -> list[str]:
+    """The command prefix that runs a child bound by file modes: none for a user;
+    for root, setpriv dropping the capabilities that bypass them. Skips the test
+    when root cannot drop them here."""
+    import shutil
+
+    import pytest
+
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or subprocess.run([setpriv, *DROP_FILE_CAPS, "true"],
+                                         capture_output=True).returncode != 0:
+        pytest.skip("root bypasses file modes and setpriv cannot drop that here")
+    return [setpriv, *DROP_FILE_CAPS]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import select
-import shutil
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from collections.abc import Sequence
 import apsw
 import pytest
 from _cli_kit import HUGE_GOAL_CHARS, Kit, child_env, make_runs_db, run_child, snapshot
+from store_helpers import without_file_privileges
 
 from agentrt.gojson import dumps
 from agentrt.records import approval_hash
@@ -393,20 +393,6 @@ def test_an_offset_past_the_end_is_said_on_stderr_and_stdout_stays_clean(ops):
     assert within.code == 0 and within.stderr == b""  # a page with rows needs no note
 
 
-# A root test process reads any file: its child drops that, as the audit did.
-_DROP_CAPS = ["--inh-caps=-all", "--bounding-set", "-dac_override,-dac_read_search,-fowner"]
-
-
-def _without_file_privileges() -> list[str]:
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return []
-    setpriv = shutil.which("setpriv")
-    if setpriv is None or subprocess.run([setpriv, *_DROP_CAPS, "true"],
-                                         capture_output=True).returncode != 0:
-        pytest.skip("root bypasses file modes and setpriv cannot drop that here")
-    return [setpriv, *_DROP_CAPS]
-
-
 @pytest.mark.parametrize(("case", "command", "says"), [
     ("mode-000", "runs", "{db} cannot be opened: permission denied, this user may not read it "
                          "(----------, owner uid {uid}); as its owner, chmod 600 {db}"),
@@ -422,7 +408,7 @@ def _without_file_privileges() -> list[str]:
 ])
 def test_an_open_refused_by_permissions_says_why_and_the_fix(ops, tmp_path, case, command,
                                                               says):
-    prefix = _without_file_privileges()
+    prefix = without_file_privileges()
     before = snapshot(ops["db"])
     # A reader leaves the -wal and -shm; a writer's last close removes them, and without
     # them SQLite must create them to write: that is what a read-only directory refuses.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import stat
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from store_helpers import (
     insert_run,
     mode_of,
     raw,
+    without_file_privileges,
 )
 
 import agentrt
@@ -564,9 +564,6 @@ def test_bad_input_messages_are_one_sentence_each(tmp_path):
 
 # -- what keeps SQLite from the file: permissions, a read-only directory, a lock -------
 
-#: What root's file access rests on; without them root meets file modes as any user.
-_DROP_CAPS = ["--inh-caps=-all", "--bounding-set", "-dac_override,-dac_read_search,-fowner"]
-
 _OPEN_AND_SAY = (
     "import sys\n"
     "from agentrt import open_existing\n"
@@ -577,19 +574,6 @@ _OPEN_AND_SAY = (
     "else:\n"
     "    print('opened')\n"
 )
-
-
-def without_file_privileges() -> list[str]:
-    """The command prefix that runs a child bound by file modes: none for a user;
-    for root, setpriv dropping the capabilities that bypass them. Skips the test
-    when root cannot drop them here."""
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return []
-    setpriv = shutil.which("setpriv")
-    if setpriv is None or subprocess.run([setpriv, *_DROP_CAPS, "true"],
-                                         capture_output=True).returncode != 0:
-        pytest.skip("root bypasses file modes and setpriv cannot drop that here")
-    return [setpriv, *_DROP_CAPS]
 
 
 @posix_modes
