@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,16 @@ class Lines:
             self._queue.put(line)
         self._queue.put(None)
 
+    def _next(self, deadline: float, waiting: Callable[[], str]) -> bytes | None:
+        """The next line, or None at the end of the stream; fails at ``deadline``."""
+        try:
+            line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError(waiting()) from None
+        if line is None:
+            self.ended = True
+        return line
+
     def take(self, n: int, timeout: float = 10) -> list[bytes]:
         """The next ``n`` lines; fails if they are not all there within ``timeout``."""
         deadline = time.monotonic() + timeout
@@ -108,13 +119,8 @@ class Lines:
         while len(got) < n:
             if self.ended:
                 raise AssertionError(f"stdout ended after {len(got)} of {n} lines")
-            try:
-                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError(f"{len(got)} of {n} lines after {timeout}s") from None
-            if line is None:
-                self.ended = True
-            else:
+            line = self._next(deadline, lambda: f"{len(got)} of {n} lines after {timeout}s")
+            if line is not None:
                 got.append(line)
         return got
 
@@ -123,13 +129,8 @@ class Lines:
         deadline = time.monotonic() + timeout
         got: list[bytes] = []
         while not self.ended:
-            try:
-                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError(f"stdout still open after {timeout}s") from None
-            if line is None:
-                self.ended = True
-            else:
+            line = self._next(deadline, lambda: f"stdout still open after {timeout}s")
+            if line is not None:
                 got.append(line)
         return got
 
