@@ -21,7 +21,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import re
+import stat
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -372,6 +374,8 @@ class LineWriter:
         self._flush_each = flush_each and hasattr(stream, "flush")
         self._lock = threading.Lock()
         self._err: Exception | None = None
+        #: Bytes of the last :meth:`write_through` known to have arrived.
+        self.arrived = 0
 
     def err(self) -> Exception | None:
         """The first failure, or None."""
@@ -405,6 +409,52 @@ class LineWriter:
             if n == 0:
                 raise OSError("write took no bytes")
             view = view[n:]
+
+    def write_through(self, data: bytes) -> None:
+        """Write ``data`` and flush it, as :meth:`write` then :meth:`flush` would,
+        counting in :attr:`arrived` the bytes known to have reached the
+        destination: after a failure (a full disk, a file size limit) some may
+        have. A binary stream over a regular file is flushed, then written
+        with ``os.write``, which says how much the file took; any other stream
+        counts all or nothing (what a pipe took, its reader may never read)."""
+        with self._lock:
+            self.arrived = 0
+            if self._err is not None:
+                raise self._err.with_traceback(None)
+            try:
+                fd = self._flushed_fd()
+                if fd is None:
+                    if self._text:
+                        self._stream.write(data.decode("utf-8"))
+                    else:
+                        self._write_bytes(data)  # a raw stream may take part of it
+                    if hasattr(self._stream, "flush"):
+                        self._stream.flush()
+                    self.arrived = len(data)
+                    return
+                view = memoryview(data)
+                while view:
+                    n = os.write(fd, view)
+                    self.arrived += n
+                    view = view[n:]
+            except Exception as exc:
+                self._err = exc
+                raise
+
+    def _flushed_fd(self) -> int | None:
+        """The descriptor of a binary stream over a regular file, its buffer
+        pushed out first; None for any other stream."""
+        if self._text:
+            return None
+        try:
+            fd = int(self._stream.fileno())
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+        except (AttributeError, OSError, ValueError):
+            return None
+        if hasattr(self._stream, "flush"):
+            self._stream.flush()
+        return fd
 
     def flush(self) -> None:
         """Push buffered lines to the stream's destination; raise on failure."""

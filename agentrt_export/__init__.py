@@ -8,6 +8,7 @@ from agentrt_export.follower import (
     Follower,
     FollowError,
     PageSink,
+    PartialPage,
 )
 from agentrt_export.sinks import JSONLSink
 
@@ -23,4 +24,5 @@ __all__ = [
     "JSONLSink",
     "MemoryCursor",
     "PageSink",
+    "PartialPage",
 ]

@@ -32,6 +32,7 @@ __all__ = [
     "FollowError",
     "Follower",
     "PageSink",
+    "PartialPage",
 ]
 
 DEFAULT_PAGE_SIZE = 500
@@ -71,6 +72,18 @@ class PageSink(Protocol):
     def handle_page(self, events: Sequence[Event]) -> None: ...
 
 
+class PartialPage(Exception):
+    """Raised by a page sink whose page failed after its first ``accepted``
+    events had reached their destination; ``error`` is the failure. The
+    follower saves the cursor after those events, then raises ``error``, so a
+    restart delivers the rest of the page and nothing twice."""
+
+    def __init__(self, accepted: int, error: Exception) -> None:
+        super().__init__(f"{accepted} events delivered, then: {error}")
+        self.accepted = accepted
+        self.error = error
+
+
 Sink = EventSink | PageSink | Callable[[Event], None]
 
 
@@ -81,8 +94,9 @@ class Follower:
     ``cursor`` holds the position (None: start at 0 and remember nothing).
     ``interval`` is the longest wait between checks once caught up: on Linux a
     change to the database's files ends the wait at once, so the default is a
-    second there and 5 ms elsewhere. ``once`` returns as soon as everything
-    committed at that moment has been delivered.
+    second there and 5 ms elsewhere; 0, as in the reference, means the
+    default. ``once`` returns as soon as everything committed at that moment
+    has been delivered.
     """
 
     def __init__(
@@ -108,7 +122,7 @@ class Follower:
         self.run_id = run_id or ""
         self.cursor: Cursor = cursor if cursor is not None else MemoryCursor()
         self._keeps_cursor = cursor is not None
-        self.interval = None if interval is None else min(interval, MAX_INTERVAL)
+        self.interval = None if not interval else min(interval, MAX_INTERVAL)
         self.page_size = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
         self.once = once
         self.on_page = on_page
@@ -166,7 +180,14 @@ class Follower:
     def _deliver(self, page: list[Event], sink: Sink) -> int:
         """Hand one page to the sink and save the cursor; the new position."""
         if isinstance(sink, PageSink):
-            sink.handle_page(page)
+            try:
+                sink.handle_page(page)
+            except PartialPage as cut:
+                # The first events reached the destination: a restart must
+                # begin after them, with the one that failed.
+                if cut.accepted:
+                    self._save_before_raising(page[cut.accepted - 1].seq, cut.error)
+                raise cut.error from None
             last = page[-1].seq
             self.cursor.save(last)
             return last
@@ -175,17 +196,26 @@ class Follower:
             for event in page:
                 sink(event)
                 last = event.seq
-        except Exception:
+        except Exception as exc:
             # The sink refused an event: keep what it accepted before it, if
             # that reached the sink's stream, so a restart begins with the
             # refused event. (BaseException, e.g. a hard kill, saves nothing.)
             if last and _flush(sink):
-                self.cursor.save(last)
+                self._save_before_raising(last, exc)
             raise
         if not _flush(sink, raising=True):
             return page[0].seq - 1  # pragma: no cover - _flush raised
         self.cursor.save(last)
         return last
+
+    def _save_before_raising(self, seq: int, error: Exception) -> None:
+        """Save ``seq`` on the way out of a sink failure. A save that fails too
+        is noted on ``error``, which stays the one raised: its type is what a
+        caller catches (the reference joins the two the same way)."""
+        try:
+            self.cursor.save(seq)
+        except Exception as save_error:  # noqa: BLE001 - reported on the sink's error
+            error.add_note(f"and the cursor could not be saved at seq {seq}: {save_error}")
 
     def follow(self, sink: Sink, stop: threading.Event | None = None) -> None:
         """Deliver every event after the cursor, then (unless ``once``) wait for more.

@@ -11,6 +11,7 @@ from typing import IO
 
 from agentrt.events import Event
 from agentrt.trace import LineWriter, jsonl_record
+from agentrt_export.follower import PartialPage
 
 __all__ = ["JSONLSink"]
 
@@ -42,10 +43,24 @@ class JSONLSink:
         """Write the records of a page at once and flush them; raise the failure, if any.
 
         The same bytes as calling the sink per event and then :meth:`flush`,
-        with one write per page instead of one per record.
+        with one write per page instead of one per record. When a write fails
+        after whole records arrived (a disk that filled up mid-page), it
+        raises :class:`~agentrt_export.follower.PartialPage` saying how many,
+        so the cursor moves past them and a restart writes none of them twice.
         """
-        self._write(b"".join([jsonl_record(e) for e in events]))
-        self._out.flush()
+        records = [jsonl_record(e) for e in events]
+        try:
+            self._out.write_through(b"".join(records))
+        except Exception as exc:
+            accepted, arrived = 0, self._out.arrived
+            for record in records:
+                arrived -= len(record)
+                if arrived < 0:
+                    break
+                accepted += 1
+            if accepted:
+                raise PartialPage(accepted, exc) from exc
+            raise
 
     def flush(self) -> None:
         """Push written records to their destination; raise on failure."""

@@ -640,3 +640,40 @@ def test_an_empty_run_or_cursor_file_is_a_usage_error(tmp_path, option, message)
     done = run_cli("jsonl", "--db", db, option, "")
     assert (done.returncode, done.stdout) == (2, b""), done.stderr
     assert done.stderr.decode().splitlines()[0] == message
+
+
+def _file_size_limit(limit: int) -> Callable[[], None]:
+    def apply() -> None:
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit a write fails, EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def test_a_disk_that_fills_mid_page_moves_the_cursor_past_the_whole_records_written(tmp_path):
+    db = str(tmp_path / "runs.db")
+    make_db(db, runs=4, events_per_run=100).close()
+    cursor = tmp_path / "cursor"
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    # The limit falls inside the first page of 400 records (and above the 32 KiB
+    # a read-only open of the WAL database needs for its -shm).
+    limit = 40_000
+    with open(first, "wb") as out:
+        done = subprocess.run(
+            [sys.executable, "-m", "agentrt_export.cli", "jsonl", "--db", db,
+             "--cursor-file", str(cursor), "--page-size", "400"],
+            stdout=out, stderr=subprocess.PIPE, env=child_env(), cwd=REPO_ROOT, timeout=60,
+            preexec_fn=_file_size_limit(limit))
+    assert done.returncode == 1
+    assert done.stderr.decode().strip() == "error: writing events: File too large"
+    written = seqs_of(first)
+    assert first.stat().st_size == limit and 0 < len(written) < 400
+    assert cursor.read_text() == f"{written[-1]}\n"  # after the whole records, not before the page
+    with open(second, "wb") as out:
+        again = subprocess.run(
+            [sys.executable, "-m", "agentrt_export.cli", "jsonl", "--db", db,
+             "--cursor-file", str(cursor)],
+            stdout=out, stderr=subprocess.PIPE, env=child_env(), cwd=REPO_ROOT, timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert written + seqs_of(second) == list(range(1, 401))  # each once: the torn one again

@@ -25,6 +25,7 @@ from agentrt_export import (
     FollowError,
     JSONLSink,
     MemoryCursor,
+    PartialPage,
 )
 
 
@@ -135,6 +136,43 @@ def test_sink_error_stops_with_the_cursor_before_the_refused_event(db_path):
     assert cursor.load() == calls[2]
 
 
+class SavingFails(MemoryCursor):
+    def save(self, seq: int) -> None:
+        raise OSError(28, "No space left on device")
+
+
+def test_a_sink_error_stays_the_error_raised_when_the_cursor_cannot_be_saved_either(db_path):
+    make_db(db_path, runs=1, events_per_run=5)
+
+    def sink(event):
+        if event.seq == 3:
+            raise KeyError("refused")
+
+    with pytest.raises(KeyError) as info:
+        Follower(open_existing(db_path), cursor=SavingFails(), once=True).follow(sink)
+    assert info.value.__notes__ == [
+        "and the cursor could not be saved at seq 2: [Errno 28] No space left on device"]
+
+
+def test_a_page_sink_that_delivered_part_of_a_page_moves_the_cursor_past_that_part(db_path):
+    make_db(db_path, runs=1, events_per_run=8)
+    cursor = MemoryCursor()
+    pages: list[list[int]] = []
+
+    class HalfThenFull:
+        def handle_page(self, events):
+            pages.append([e.seq for e in events])
+            if len(pages) == 1:
+                raise PartialPage(3, OSError(27, "File too large"))
+
+    sink = HalfThenFull()
+    with pytest.raises(OSError, match="File too large"):
+        Follower(open_existing(db_path), cursor=cursor, once=True).follow(sink)
+    assert cursor.load() == 3
+    Follower(open_existing(db_path), cursor=cursor, once=True).follow(sink)
+    assert pages == [[1, 2, 3, 4, 5, 6, 7, 8], [4, 5, 6, 7, 8]]
+
+
 def test_follower_redelivers_at_most_one_page_after_a_hard_kill(db_path):
     make_db(db_path, runs=1, events_per_run=12)
     reader = open_existing(db_path)
@@ -171,7 +209,7 @@ def test_follower_refuses_a_nan_interval(db_path):
     with pytest.raises(FollowError, match="^export: interval nan is not a number of seconds$"):
         Follower(store, interval=float("nan"))
     assert Follower(store, interval=float("inf")).interval == 60.0
-    assert Follower(store, interval=0).interval == 0
+    assert Follower(store, interval=0).interval is None  # 0 is the default, as in the reference
 
 
 def test_follower_checks_a_file_cursor_before_delivering_anything(db_path, tmp_path):
