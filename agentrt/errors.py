@@ -63,7 +63,11 @@ class RunLeasedError(RunStateError):
         Exception.__init__(self, f"agentrt: {self.detail}")
 
 
-class LeaseLostError(AgentrtError):
+class LeaseLostError(RunStateError):
+    """The loop no longer holds its run's lease (another driver took it over, or
+    it expired): it stops before its next side effect. A ``RunStateError``, as
+    the reference's lost lease wraps its run-state error."""
+
     base = "agentrt: run lease lost"
 
 

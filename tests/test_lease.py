@@ -21,7 +21,7 @@ from agentrt.driver import (
     ToolResult,
     cancel,
 )
-from agentrt.errors import LeaseLostError, RunLeasedError
+from agentrt.errors import LeaseLostError, RunLeasedError, RunStateError
 from agentrt.records import Decision
 from agentrt.store import open_store
 from agentrt.testing import FakeClock, ScriptedModel
@@ -136,8 +136,11 @@ def test_a_loop_that_loses_its_lease_stops_before_the_next_tool_call(tmp_path):
     d, store, _, _ = make(script=[call("write"), call("write"), Decision.complete()],
                           tools=[FuncTool("write", steal, timeout=5)])
     holder["store"] = store
-    with pytest.raises(LeaseLostError, match="leased by thief/1"):
+    with pytest.raises(LeaseLostError, match="leased by thief/1") as info:
         d.start("g", limits(), run_id="r")
+    # The reference's lost lease wraps its run-state error: one except catches both.
+    assert isinstance(info.value, RunStateError)
+    assert isinstance(info.value.__cause__, RunLeasedError)
     assert len(calls) == 1
     assert store.list_steps("r")[0].status == "executing"  # left for the new owner
     assert store.lease("r")[0] == "thief/1"
