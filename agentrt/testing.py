@@ -102,7 +102,8 @@ def rate_limited(retry_after: timedelta | None = None,
 
 
 class ModelToolAgent:
-    """Asks the model once per step: acts on the first tool use, completes on text."""
+    """Asks the model once per step: acts on the first tool use, completes on text.
+    Its decisions name no origin, as the reference's fixture agent's do."""
 
     def __init__(self, max_output_tokens: int = 256) -> None:
         self.max_output_tokens = max_output_tokens
@@ -118,8 +119,8 @@ class ModelToolAgent:
             messages=messages, tools=step.tools, max_output_tokens=self.max_output_tokens))
         if reply.tool_uses:
             use = reply.tool_uses[0]
-            return Decision.tool_call(use.name, use.input, origin="model")
-        return Decision.complete(dumps({"text": reply.text}), origin="model")
+            return Decision.tool_call(use.name, use.input)
+        return Decision.complete(dumps({"text": reply.text}))
 
 
 class FakeClock:

@@ -303,6 +303,6 @@ def test_the_model_fixture_scenario():
     assert [(c.step_id, c.attempt, c.status) for c in calls] == [
         (steps[0].id, 1, "error"), (steps[0].id, 2, "ok"), (steps[1].id, 1, "ok")]
     assert sum(c.cost_micros for c in calls if c.step_id == steps[0].id) == 200
-    assert steps[0].decision.origin == "model" and steps[0].decision.args == b'{"n":7}'
+    assert steps[0].decision.origin == "" and steps[0].decision.args == b'{"n":7}'
     got = set(types(store, "r"))
     assert {"model.dispatched", "model.completed", "model.failed"} <= got
