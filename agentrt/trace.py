@@ -19,6 +19,7 @@ encoding or newline translation in between.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import os
@@ -399,13 +400,16 @@ class LineWriter:
 
     def _write_bytes(self, data: bytes) -> None:
         n = self._stream.write(data)
+        if n is None and isinstance(self._stream, io.RawIOBase):
+            # A raw stream's None is "nothing written, it would block", not success.
+            raise BlockingIOError(errno.EAGAIN, "the output would block; nothing was written")
         if n is None or n >= len(data):  # None: a writer that does not count
             return
         view = memoryview(data)[n:]  # a raw stream may take part of it
         while view:
             n = self._stream.write(view)
             if n is None:
-                return
+                raise BlockingIOError(errno.EAGAIN, "the output would block mid-record")
             if n == 0:
                 raise OSError("write took no bytes")
             view = view[n:]

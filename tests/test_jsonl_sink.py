@@ -138,3 +138,29 @@ def test_jsonl_sink_writes_to_stdout_buffer_in_a_real_process():
         Event(2, "run-1", "step-1", AT, "step.decided", '{"a":"<b>&é"}'.encode())
     )
     assert done.stdout == expected
+
+
+class WouldBlock(io.RawIOBase):
+    """A non-blocking raw stream with no room: write() returns None."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> None:  # type: ignore[override]
+        return None
+
+
+def test_a_raw_stream_that_would_block_is_a_failure_not_a_delivery(tmp_path):
+    from agentrt.store import open_store
+    from agentrt_export import Follower, MemoryCursor
+
+    store = open_store(str(tmp_path / "e.db"))
+    with store.tx() as tx:
+        tx.execute("INSERT INTO runs (id, goal, status, limits_json, created_at) "
+                   "VALUES ('r', 'g', 'RUNNING', '{}', '2026-10-01T09:00:00Z')")
+        for i in range(3):
+            tx.append("r", "", datetime(2026, 10, 1, 9, 0, i, tzinfo=UTC), "x.y", b"{}")
+    cursor = MemoryCursor()
+    with pytest.raises(BlockingIOError):
+        Follower(store, cursor=cursor, once=True).follow(JSONLSink(WouldBlock()))
+    assert cursor.load() == 0  # nothing was written, so nothing counts as delivered
