@@ -18,7 +18,7 @@ from typing import Protocol, runtime_checkable
 
 from agentrt.errors import AgentrtError
 
-__all__ = ["Cursor", "CursorError", "FileCursor", "MemoryCursor"]
+__all__ = ["Cursor", "CursorError", "CursorSeqError", "FileCursor", "MemoryCursor"]
 
 #: The largest seq SQLite can hand out (a signed 64-bit rowid).
 _MAX_SEQ = 2**63 - 1
@@ -32,12 +32,43 @@ _DIGITS = re.compile(rb"[0-9]+")
 
 
 class CursorError(AgentrtError):
-    """A cursor could not be read or saved; the message names the file and the fix."""
+    """A cursor could not be read or saved, or was given something that is not
+    a position or a file name; the message names the file (if any) and the fix."""
 
     def __init__(self, path: str, detail: str) -> None:
         self.path = path
         self.detail = detail
         Exception.__init__(self, f"export: {detail}")
+
+
+class CursorSeqError(CursorError, ValueError):
+    """A seq a cursor cannot hold (not an int, negative, past SQLite's largest).
+    Also a ValueError, which ``FileCursor.save`` raised for a negative seq before."""
+
+
+def described(value: object) -> str:
+    """``None``, ``an int (5)``: a value and its type, for a sentence."""
+    if value is None:
+        return "None"
+    name = type(value).__name__
+    article = "an" if name[:1].lower() in ("a", "e", "i", "o", "u") else "a"
+    text = repr(value)
+    return f"{article} {name} ({text if len(text) <= 60 else text[:60] + '...'})"
+
+
+def _check_seq(seq: object, path: str = "", *, limit: int | None = None) -> int:
+    """``seq`` if it is a position a cursor can hold: an int (not a bool) from 0
+    (nothing delivered) up to ``limit``; a CursorSeqError naming it otherwise."""
+    what = f"cursor file {path}" if path else "cursor"
+    held = "a cursor holds the seq of the last event delivered (0: none yet)"
+    if isinstance(seq, bool) or not isinstance(seq, int):
+        raise CursorSeqError(path, f"{what}: seq is {described(seq)}, not an int: {held}")
+    if seq < 0:
+        raise CursorSeqError(path, f"{what}: seq {seq} is negative: {held}")
+    if limit is not None and seq > limit:
+        raise CursorSeqError(path, f"{what}: seq {seq} is past any seq SQLite hands out "
+                                   f"(at most {limit})")
+    return seq
 
 
 @runtime_checkable
@@ -56,11 +87,14 @@ class MemoryCursor:
 
     seq: int = 0
 
+    def __post_init__(self) -> None:
+        _check_seq(self.seq)
+
     def load(self) -> int:
         return self.seq
 
     def save(self, seq: int) -> None:
-        self.seq = seq
+        self.seq = _check_seq(seq)
 
 
 class FileCursor:
@@ -75,7 +109,17 @@ class FileCursor:
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = os.fspath(path)
+        name = os.fspath(path) if isinstance(path, os.PathLike) else path
+        if not isinstance(name, str):
+            raise CursorError("", f"cursor file path is {described(name)}, not a str or "
+                                  "os.PathLike naming the file that holds the cursor")
+        if not name:
+            raise CursorError("", "cursor file path is empty: name the file that holds the "
+                                  "cursor, such as export.cursor")
+        if "\x00" in name:
+            raise CursorError(name, f"cursor file path {name!r} holds a NUL character, which "
+                                    "no file name can: name the file that holds the cursor")
+        self.path = name
 
     def __repr__(self) -> str:
         return f"FileCursor({self.path!r})"
@@ -153,9 +197,10 @@ class FileCursor:
                                     "the first save)")
 
     def save(self, seq: int) -> None:
-        """Replace the saved seq with ``seq``, atomically and durably."""
-        if not 0 <= seq <= _MAX_SEQ:
-            raise ValueError(f"cursor seq {seq} is not a sequence number")
+        """Replace the saved seq with ``seq``, atomically and durably; a seq that
+        is not an int from 0 to 2**63-1 is refused (CursorError, also a
+        ValueError) before the file is touched."""
+        _check_seq(seq, self.path, limit=_MAX_SEQ)
         directory, name = os.path.split(self.path)
         directory = directory or "."
         try:

@@ -13,6 +13,7 @@ the sink runs, so it never stops the writer's checkpoints.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +23,7 @@ from agentrt.errors import AgentrtError
 from agentrt.events import Event
 from agentrt.store import Store
 from agentrt_export.cursor import Cursor, FileCursor, MemoryCursor
+from agentrt_export.cursor import described as _described
 from agentrt_export.wake import ChangeWaiter, open_waiter
 
 __all__ = [
@@ -112,12 +114,34 @@ class Follower:
     ) -> None:
         if store is None:
             raise FollowError("Follower needs a store")
+        if not isinstance(store, Store):
+            raise FollowError(f"store is {_described(store)}, not a Store: open the database "
+                              "with agentrt.store.open_existing(path) and pass that")
+        if run_id is not None and not isinstance(run_id, str):
+            raise FollowError(f"run_id is {_described(run_id)}, not a str: name one run, or "
+                              "leave it None for every run")
+        if cursor is not None and not isinstance(cursor, Cursor):
+            hint = (": for a cursor kept in a file, pass FileCursor(path)"
+                    if isinstance(cursor, (str, os.PathLike)) else "")
+            raise FollowError(f"cursor is {_described(cursor)}, not a cursor (an object with "
+                              f"load() and save(seq), such as FileCursor or MemoryCursor){hint}")
+        if interval is not None and (isinstance(interval, bool)
+                                     or not isinstance(interval, (int, float))):
+            raise FollowError(f"interval is {_described(interval)}, not a number of seconds")
         if interval is not None and math.isnan(interval):
             raise FollowError("interval nan is not a number of seconds")
         if interval is not None and interval < 0:
             raise FollowError(f"interval {interval} is negative")
+        if isinstance(page_size, bool) or not isinstance(page_size, int):
+            raise FollowError(f"page size is {_described(page_size)}, not an int: events per "
+                              f"read, 1 to {MAX_PAGE_SIZE} (0: {DEFAULT_PAGE_SIZE})")
         if page_size < 0:
             raise FollowError(f"page size {page_size} is negative")
+        if not isinstance(once, bool):
+            raise FollowError(f"once is {_described(once)}, not True or False")
+        if on_page is not None and not callable(on_page):
+            raise FollowError(f"on_page is {_described(on_page)}, not a function of "
+                              "(seq, count) or None")
         self.store = store
         self.run_id = run_id or ""
         self.cursor: Cursor = cursor if cursor is not None else MemoryCursor()
@@ -135,6 +159,9 @@ class Follower:
         if isinstance(self.cursor, FileCursor):
             self.cursor.check(database=self.store.path)
         seq = self.cursor.load()
+        if isinstance(seq, bool) or not isinstance(seq, int):
+            raise FollowError(f"the cursor's load() returned {_described(seq)}, not an int "
+                              "seq")
         if seq < 0:
             raise FollowError(f"cursor {seq} is negative")
         if seq:
@@ -228,6 +255,11 @@ class Follower:
         """
         if sink is None:
             raise FollowError("sink is None")
+        if not isinstance(sink, PageSink) and not callable(sink):
+            raise FollowError(f"sink is {_described(sink)}, not a function of one event or an "
+                              "object with handle_page(events), such as JSONLSink")
+        if stop is not None and not isinstance(stop, threading.Event):
+            raise FollowError(f"stop is {_described(stop)}, not a threading.Event or None")
         stop = stop if stop is not None else threading.Event()
         seq = self._start_seq()
         waiter: ChangeWaiter | None = None

@@ -6,12 +6,14 @@ the cursor before that event, so the next start hands it over again.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import IO
 
 from agentrt.events import Event
 from agentrt.trace import LineWriter, jsonl_record
-from agentrt_export.follower import PartialPage
+from agentrt_export.cursor import described
+from agentrt_export.follower import FollowError, PartialPage
 
 __all__ = ["JSONLSink"]
 
@@ -32,6 +34,14 @@ class JSONLSink:
     """
 
     def __init__(self, stream: IO[bytes] | IO[str]) -> None:
+        if not callable(getattr(stream, "write", None)):
+            hint = (": open the file first, such as open(path, 'ab')"
+                    if isinstance(stream, (str, bytes, os.PathLike)) else "")
+            raise FollowError(f"JSONLSink needs a stream with write(), such as "
+                              f"sys.stdout.buffer; it was given {described(stream)}{hint}")
+        if getattr(stream, "closed", False) is True:
+            raise FollowError(f"JSONLSink was given a closed stream ({described(stream)}): "
+                              "pass one that is open for writing")
         self._out = LineWriter(stream, flush_each=False)
         self._write = self._out.write
 

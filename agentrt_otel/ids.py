@@ -22,21 +22,47 @@ _TRACE_PREFIX = b"agentrt/trace\x00"
 _SPAN_PREFIX = b"agentrt/span\x00"
 
 
+def _not_text(function: str, **args: object) -> TypeError:
+    """The TypeError for the first argument that is not a str (called once
+    encoding one failed, so the usual call pays nothing for the check)."""
+    for name, value in args.items():
+        if not isinstance(value, str):
+            if value is None:
+                shown = "None"
+            else:
+                kind = type(value).__name__
+                article = "an" if kind[:1].lower() in ("a", "e", "i", "o", "u") else "a"
+                shown = f"{article} {kind} ({value!r:.60})"
+            return TypeError(f"otel: {function}: {name} is {shown}, not a str")
+    return TypeError(f"otel: {function}: the arguments are not text")  # pragma: no cover
+
+
 def trace_id(run_id: str) -> int:
-    """The trace id of a run, as the 128-bit integer the SDK uses."""
-    digest = hashlib.sha256(_TRACE_PREFIX + run_id.encode("utf-8", "surrogatepass")).digest()
+    """The trace id of a run, as the 128-bit integer the SDK uses.
+
+    Raises TypeError when ``run_id`` is not a str."""
+    try:
+        data = _TRACE_PREFIX + run_id.encode("utf-8", "surrogatepass")
+    except (AttributeError, TypeError):
+        raise _not_text("trace_id", run_id=run_id) from None
+    digest = hashlib.sha256(data).digest()
     value = int.from_bytes(digest[:16], "big")
     return value or 1
 
 
 def span_id(kind: str, id: str) -> int:
-    """The span id of the ``kind`` thing named ``id``, as a 64-bit integer."""
-    data = (
-        _SPAN_PREFIX
-        + kind.encode("utf-8", "surrogatepass")
-        + b"\x00"
-        + id.encode("utf-8", "surrogatepass")
-    )
+    """The span id of the ``kind`` thing named ``id``, as a 64-bit integer.
+
+    Raises TypeError when ``kind`` or ``id`` is not a str."""
+    try:
+        data = (
+            _SPAN_PREFIX
+            + kind.encode("utf-8", "surrogatepass")
+            + b"\x00"
+            + id.encode("utf-8", "surrogatepass")
+        )
+    except (AttributeError, TypeError):
+        raise _not_text("span_id", kind=kind, id=id) from None
     value = int.from_bytes(hashlib.sha256(data).digest()[:8], "big")
     return value or 1
 

@@ -54,6 +54,7 @@ write error).
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 import time
@@ -67,7 +68,7 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter, Sp
 
 from agentrt.errors import AgentrtError
 from agentrt.events import Event
-from agentrt_otel.config import build_resource, resource_attributes
+from agentrt_otel.config import ConfigError, build_resource, resource_attributes
 from agentrt_otel.mapping import SpanMapper
 from agentrt_otel.records import SpanStartSource
 from agentrt_otel.spans import to_readable_spans
@@ -99,18 +100,102 @@ class ExportStopped(AgentrtError):
     base = "otel: stopped before the collector accepted the page"
 
 
+def _described(value: object) -> str:
+    """``None``, ``an int (5)``: a value and its type, for a sentence."""
+    if value is None:
+        return "None"
+    name = type(value).__name__
+    article = "an" if name[:1].lower() in ("a", "e", "i", "o", "u") else "a"
+    text = repr(value)
+    return f"{article} {name} ({text if len(text) <= 60 else text[:60] + '...'})"
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True, slots=True)
 class Backoff:
     """Waits between attempts: ``initial * 2**n`` seconds, capped at
-    ``maximum``, each multiplied by a random factor in ``1 ± jitter``."""
+    ``maximum``, each multiplied by a random factor in ``1 ± jitter``.
+
+    ``initial`` and ``maximum`` are finite seconds with ``0 < initial <=
+    maximum``, and ``0 <= jitter < 1``: a wait of nothing would retry a
+    collector that is down as fast as the CPU allows. Anything else raises
+    :class:`~agentrt_otel.config.ConfigError`.
+    """
 
     initial: float = 1.0
     maximum: float = 30.0
     jitter: float = 0.2
 
+    def __post_init__(self) -> None:
+        for name in ("initial", "maximum", "jitter"):
+            value = getattr(self, name)
+            if not _is_number(value) or not math.isfinite(value):
+                raise ConfigError(f"otel: backoff {name} is {_described(value)}, not a finite "
+                                  "number" + (" of seconds" if name != "jitter" else ""))
+        if not self.initial > 0:
+            raise ConfigError(f"otel: backoff initial {self.initial} must be more than 0 "
+                              "seconds: without a wait, a collector that is down is retried "
+                              "as fast as the CPU allows")
+        if not self.maximum >= self.initial:
+            raise ConfigError(f"otel: backoff maximum {self.maximum} is less than its initial "
+                              f"wait {self.initial}: give a maximum of at least {self.initial}")
+        if not 0 <= self.jitter < 1:
+            raise ConfigError(f"otel: backoff jitter {self.jitter} must be from 0 up to, not "
+                              "including, 1 (a fraction of each wait)")
+
     def delay(self, attempt: int) -> float:
         base = min(self.maximum, self.initial * 2.0 ** min(attempt, 62))
         return base * random.uniform(1.0 - self.jitter, 1.0 + self.jitter)
+
+
+def _has_methods(value: object, *names: str) -> bool:
+    return all(callable(getattr(value, name, None)) for name in names)
+
+
+def _check_sink_arguments(
+    exporter: object, source: object, resource: object, stop: object, backoff: object,
+    max_batch: object, max_text: object, mapper: object, complaints: object,
+    local_stream: object,
+) -> None:
+    """Refuse what :class:`OTelSink` could not use, before anything is built: a
+    wrong exporter would fail every export, which the sink takes for an outage
+    and retries for ever."""
+    if exporter is not None and not _has_methods(exporter, "export", "shutdown"):
+        hint = (": build one from the settings with build_exporter(resolve_config(...))"
+                if isinstance(exporter, str) else "")
+        raise ConfigError(f"otel: exporter is {_described(exporter)}, not a span exporter "
+                          "(an object with export(spans) and shutdown()), nor None to map and "
+                          f"discard{hint}")
+    if source is not None and not _has_methods(source, "list_events_after"):
+        raise ConfigError(f"otel: source is {_described(source)}, not a store (an object with "
+                          "list_events_after(run_id, seq, limit)), nor None")
+    if resource is not None and not isinstance(resource, Resource):
+        raise ConfigError(f"otel: resource is {_described(resource)}, not an OpenTelemetry "
+                          "Resource: build one with build_resource(resource_attributes(...)), "
+                          "or pass None for the default")
+    if stop is not None and not isinstance(stop, threading.Event):
+        raise ConfigError(f"otel: stop is {_described(stop)}, not a threading.Event, nor None")
+    if backoff is not None and not isinstance(backoff, Backoff):
+        raise ConfigError(f"otel: backoff is {_described(backoff)}, not a Backoff, nor None")
+    for name, value, unit in (("max_batch", max_batch, "spans per export"),
+                              ("max_text", max_text, "bytes per text attribute")):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"otel: {name} is {_described(value)}, not an int: the most "
+                              f"{unit}, 1 or more")
+        if value <= 0:
+            raise ConfigError(f"otel: {name} {value} must be positive: the most {unit}, 1 or "
+                              "more")
+    if mapper is not None and not isinstance(mapper, SpanMapper):
+        raise ConfigError(f"otel: mapper is {_described(mapper)}, not a SpanMapper, nor None")
+    if complaints is not None and not _has_methods(complaints, "clear", "reason", "too_large"):
+        raise ConfigError(f"otel: complaints is {_described(complaints)}, not an object with "
+                          "clear(), reason() and too_large(), nor None")
+    if local_stream is not None and not isinstance(local_stream, bool):
+        raise ConfigError(f"otel: local_stream is {_described(local_stream)}, not True, False "
+                          "or None")
 
 
 class OTelSink:
@@ -124,6 +209,10 @@ class OTelSink:
     ``local_stream`` says the exporter writes to a local stream, whose
     ``OSError`` propagates instead of being waited out (default: whether it
     is the SDK's ``ConsoleSpanExporter``).
+
+    Every argument is checked here: a wrong one raises
+    :class:`~agentrt_otel.config.ConfigError` naming it, so that no export
+    fails for it later (which would be retried as an outage, for ever).
     """
 
     def __init__(
@@ -140,8 +229,8 @@ class OTelSink:
         complaints: Complaints | None = None,
         local_stream: bool | None = None,
     ) -> None:
-        if max_batch <= 0:
-            raise ValueError(f"otel: max_batch {max_batch} must be positive")
+        _check_sink_arguments(exporter, source, resource, stop, backoff, max_batch, max_text,
+                              mapper, complaints, local_stream)
         self._exporter = exporter
         self._mapper = mapper if mapper is not None else SpanMapper(source, max_text=max_text)
         self._resource = resource if resource is not None else build_resource(
@@ -215,6 +304,10 @@ class OTelSink:
             return False, f"{type(err).__name__}: {err}"
         if result is SpanExportResult.SUCCESS:
             return True, ""
+        if result is not SpanExportResult.FAILURE:
+            # Not an outage: the same exporter would answer the same for ever.
+            raise ConfigError(f"otel: the exporter's export() returned {_described(result)}, "
+                              "not a SpanExportResult; the page was not delivered")
         why = self._complaints.reason() if self._complaints is not None else ""
         return False, why or "the exporter reported FAILURE"
 

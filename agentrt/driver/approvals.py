@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 
+from agentrt.driver.checks import check_text, describe
 from agentrt.driver.errors import ConfigError
 from agentrt.driver.loop import apply, evaluate, resume_run
 from agentrt.driver.session import WAITING, Session, StepEnd, observation
@@ -52,7 +53,29 @@ from agentrt.store.writes import (
     transition,
 )
 
-__all__ = ["decide", "expire", "resume_approved", "verify_hash"]
+__all__ = ["check_operator", "check_shown", "decide", "expire", "resume_approved",
+           "verify_hash"]
+
+
+def check_operator(run_id: object, by: object, note: object,
+                   approval_id: object = "") -> None:
+    """Refuse an operator call's arguments before anything is read or written: a
+    decision must name who made it, in text, and say what it says in text."""
+    check_text("run_id", run_id)
+    check_text("approval_id", approval_id)
+    check_text("by", by, blank="a decision must name who made it")
+    check_text("note", note)
+
+
+def check_shown(shown_hash: object) -> str:
+    """The hash an ``*_shown`` decision is bound to: a str (empty is refused later, as
+    the reference does, as no hash shown)."""
+    if not isinstance(shown_hash, str):
+        raise ConfigError(
+            f"shown_hash is {describe(shown_hash)}, not a str: a decision bound to what "
+            "was shown needs the hash that was shown (use approve or reject for one "
+            "that is not bound)")
+    return shown_hash
 
 
 def _rfc3339(t: datetime | None) -> str:
@@ -133,6 +156,7 @@ def decide(
     the awaiting step and cancels the run as approval_rejected. ``shown_hash``
     binds the decision to the approval the person was shown.
     """
+    check_operator(run_id, by, note, approval_id)
     run = store.get_run(run_id)
     if run.status != RunStatus.WAITING_FOR_APPROVAL:
         raise RunStateError(f"run {run_id} is {run.status}, not waiting for approval")

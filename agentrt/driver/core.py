@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentrt.canonical import policy_json
 from agentrt.driver.agent import Agent
+from agentrt.driver.checks import check_duration, check_int, describe
 from agentrt.driver.errors import ConfigError
 from agentrt.driver.lease import WallClock
 from agentrt.driver.model import ModelConfig
@@ -82,10 +83,29 @@ def check_policy_id(value: Any) -> str:
     return value
 
 
+_REQUIRED_COUNTS = ("max_steps", "max_consecutive_tool_failures", "loop_threshold")
+_OPTIONAL_COUNTS = ("max_model_calls", "max_output_tokens_per_call", "max_total_tokens",
+                    "max_estimated_cost_micros")
+_DURATIONS = ("max_active_time", "max_elapsed_time", "approval_ttl", "grant_ttl")
+
+
 def check_limits_config(limits: Limits) -> None:
-    for name in ("max_steps", "max_consecutive_tool_failures", "loop_threshold"):
+    """Refuse limits the run record could not hold or read back, before the run exists.
+
+    Counts are ints (never bools, which would be stored as ``true``) within
+    int64; the first three must be positive. Durations are timedeltas that
+    int64 nanoseconds hold. As in the reference, a negative optional limit is
+    accepted and means unlimited, as 0 does (only ``> 0`` sets one).
+    """
+    if not isinstance(limits, Limits):
+        raise ConfigError(f"limits is {describe(limits)}, not a Limits")
+    for name in _REQUIRED_COUNTS + _OPTIONAL_COUNTS:
+        check_int(f"limits: {name}", getattr(limits, name))
+    for name in _REQUIRED_COUNTS:
         if getattr(limits, name) <= 0:
             raise ConfigError(f"limits: {name} must be positive")
+    for name in _DURATIONS:
+        check_duration(f"limits: {name}", getattr(limits, name))
 
 
 @dataclass(slots=True)

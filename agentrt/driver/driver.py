@@ -13,12 +13,22 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from pathlib import PurePath
 
 import apsw
 
 from agentrt.driver.agent import Agent
-from agentrt.driver.approvals import decide, resume_approved
+from agentrt.driver.approvals import check_shown, decide, resume_approved
 from agentrt.driver.cancel import CancelToken
+from agentrt.driver.checks import (
+    MAX_LEASE_TTL,
+    MIN_LEASE_TTL,
+    check_callable,
+    check_method,
+    check_text,
+    describe,
+    wait_duration,
+)
 from agentrt.driver.core import (
     Core,
     check_limits_config,
@@ -54,10 +64,49 @@ __all__ = ["Driver"]
 
 
 def _ttl(value: timedelta | float | None) -> timedelta:
+    """The lease TTL: None or 0 is the default (30 s), as in the reference; anything
+    else must be a positive wait between MIN_LEASE_TTL and MAX_LEASE_TTL."""
     if value is None:
         return DEFAULT_LEASE_TTL
-    ttl = value if isinstance(value, timedelta) else timedelta(seconds=value)
-    return ttl if ttl > timedelta(0) else DEFAULT_LEASE_TTL
+    ttl = wait_duration("lease_ttl", value, hi=MAX_LEASE_TTL)
+    if ttl == timedelta(0):
+        return DEFAULT_LEASE_TTL
+    if ttl < timedelta(0):
+        raise ConfigError(f"lease_ttl is {describe(value)}, negative: give a positive TTL, "
+                          "or 0 for the default of 30 s")
+    if ttl < MIN_LEASE_TTL:
+        raise ConfigError(
+            f"lease_ttl is {describe(value)}, shorter than the minimum of "
+            f"{MIN_LEASE_TTL.total_seconds():g} s: the "
+            "heartbeat renews the lease every third of its TTL, and a shorter lease "
+            "expires before the run's first write, so the run stops with its lease lost")
+    return ttl
+
+
+_NOT_UTF8_OWNER = "the lease owner would be stored as U+FFFD and never match this driver"
+_NOT_UTF8_ID = ("it would be stored as U+FFFD, and the run could not be addressed by the id "
+                "given")
+
+
+def _check_store(store: object) -> None:
+    if store is None:
+        raise ConfigError("store is required")
+    if not isinstance(store, Store):
+        hint = "; open one with open_store(path)" if isinstance(store, (str, PurePath)) else ""
+        raise ConfigError(f"store is {describe(store)}, not a Store{hint}")
+    try:
+        store.read_row("SELECT 1", ())
+    except apsw.Error as exc:
+        raise ConfigError(f"store {store.path} cannot be read ({exc}); is it closed?") from exc
+    if store.read_only:
+        raise ConfigError(
+            f"store {store.path} was opened read-only and a driver writes every step; open "
+            "it with open_store(path) or open_existing(path, read_only=False)")
+
+
+def _check_cancel(cancel: object) -> None:
+    if cancel is not None and not isinstance(cancel, CancelToken):
+        raise ConfigError(f"cancel is {describe(cancel)}, not a CancelToken")
 
 
 class Driver:
@@ -89,15 +138,37 @@ class Driver:
         lease_token: str = "",
         monotonic: Callable[[], float] | None = None,
     ) -> None:
-        if store is None:
-            raise ConfigError("store is required")
+        _check_store(store)
         if agent is None:
             raise ConfigError("agent is required")
+        check_method("agent", agent, ("decide",),
+                     "an Agent (an object with a decide(step) method)",
+                     "wrap a function in AgentFunc")
         if policy is None:
             raise ConfigError("policy is required")
-        if model is not None and model.model is None:
-            raise ConfigError("model config without a model")
-        registered = register_tools(list(tools))
+        check_method("policy", policy, ("evaluate",),
+                     "a Policy (an object with an evaluate(request, view) method)",
+                     "wrap a function in PolicyFunc")
+        if model is not None:
+            if not isinstance(model, ModelConfig):
+                raise ConfigError(f"model is {describe(model)}, not a ModelConfig")
+            model.check()  # again: its fields may have changed since it was made
+            if model.model is None:
+                raise ConfigError("model config without a model")
+        registered = register_tools(tools)
+        for name, value, expected in (
+            ("observer", observer, "a function observer(event)"),
+            ("now", now, "a clock function now() -> datetime"),
+            ("new_id", new_id, "a function new_id() -> str"),
+            ("reconcile", reconcile, "a function reconcile(view) -> Reconciliation"),
+            ("wall", wall, "a clock function wall() -> datetime"),
+            ("monotonic", monotonic, "a clock function monotonic() -> float"),
+        ):
+            if value is not None:
+                check_callable(name, value, expected)
+        check_text("lease_owner", lease_owner, utf8=_NOT_UTF8_OWNER)
+        check_text("lease_token", lease_token, utf8=_NOT_UTF8_OWNER)
+        lease_ttl_ = _ttl(lease_ttl)
         policy_id = ""
         if isinstance(policy, IdentifiedPolicy):
             policy_id = check_policy_id(policy.policy_id())
@@ -114,7 +185,7 @@ class Driver:
             model=model.resolved() if model is not None else None,
             reconcile=reconcile,
             owner=lease_owner_id(lease_owner, lease_token),
-            lease_ttl=_ttl(lease_ttl),
+            lease_ttl=lease_ttl_,
             monotonic=monotonic or time.monotonic,
         )
         self._lock = threading.Lock()
@@ -135,18 +206,25 @@ class Driver:
               cancel: CancelToken | None = None) -> Run:
         """Create a run and drive it until it pauses or ends."""
         core = self._core
+        check_text("goal", goal)
         if run_id is None:
             run_id = core.new_id()
+            check_text("the run id new_id() returned", run_id, utf8=_NOT_UTF8_ID)
+        else:
+            check_text("run_id", run_id, utf8=_NOT_UTF8_ID)
         if not run_id:
             raise ConfigError("run id is required")
         limits = limits if limits is not None else default_limits()
         check_limits_config(limits)
+        _check_cancel(cancel)
         with self._session(run_id, cancel) as s:
             return self._finish(s, lambda: self._begin(s, goal, limits))
 
     def resume(self, run_id: str, cancel: CancelToken | None = None) -> Run:
         """Continue a run: an approved WAITING run executes its grant; a RUNNING run
         whose driver stopped is taken over and recovered."""
+        check_text("run_id", run_id, utf8=_NOT_UTF8_ID)
+        _check_cancel(cancel)
         with self._session(run_id, cancel) as s:
             run = s.reload()
             if run.status == RunStatus.WAITING_FOR_APPROVAL:
@@ -238,13 +316,13 @@ class Driver:
                       note: str = "") -> Approval:
         core = self._core
         return decide(core.store, core.observer, core.now, run_id, approval_id,
-                      approve=True, by=by, note=note, shown_hash=shown_hash)
+                      approve=True, by=by, note=note, shown_hash=check_shown(shown_hash))
 
     def reject_shown(self, run_id: str, approval_id: str, shown_hash: str, by: str,
                      note: str = "") -> Approval:
         core = self._core
         return decide(core.store, core.observer, core.now, run_id, approval_id,
-                      approve=False, by=by, note=note, shown_hash=shown_hash)
+                      approve=False, by=by, note=note, shown_hash=check_shown(shown_hash))
 
     def cancel(self, run_id: str, by: str, note: str = "") -> Run:
         core = self._core

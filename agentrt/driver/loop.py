@@ -167,12 +167,20 @@ _DECISION_TEXT = ("kind", "tool", "reason", "message", "origin")
 
 
 def _mistyped_text(decision: Decision) -> str:
-    """Why a decision's text field is not text, or '' (records hold no floats
-    or other values where the reference writes a string)."""
+    """Why a decision's text field is not text, or its arguments or result not raw
+    JSON, or '' (records hold no floats or other values where the reference
+    writes a string, and a dict is not the JSON bytes it would stand for)."""
     for name in _DECISION_TEXT:
         value = getattr(decision, name)
         if not isinstance(value, str):
             return f"the agent's decision has a {type(value).__name__} {name}, not a str"
+    args, result = decision.args, decision.result
+    if args is not None and not isinstance(args, (bytes, str)):
+        return (f"the agent's decision has a {type(args).__name__} args, "
+                "not JSON as bytes or str")
+    if result is not None and not isinstance(result, (bytes, str)):
+        return (f"the agent's decision has a {type(result).__name__} result, "
+                "not JSON as bytes or str")
     return ""
 
 
@@ -338,7 +346,28 @@ def evaluate(s: Session, request: ToolRequest, view: RunView,
         return None, exc
     if not isinstance(pd, PolicyDecision):
         return None, TypeError(f"the policy returned {type(pd).__name__}, not a PolicyDecision")
+    cap, pres = pd.capability, pd.presentation
+    if not (isinstance(pd.outcome, str) and isinstance(pd.reason, str)
+            and isinstance(pd.kind, str) and (cap is None or isinstance(cap, bytes))
+            and (pres is None or isinstance(pres, bytes))):
+        return None, TypeError(_mistyped_policy(pd))
     return pd, None
+
+
+def _mistyped_policy(pd: PolicyDecision) -> str:
+    """Why the policy's decision holds a field of the wrong type, or ''."""
+    texts: tuple[tuple[str, object], ...] = (
+        ("outcome", pd.outcome), ("reason", pd.reason), ("kind", pd.kind))
+    for name, value in texts:
+        if not isinstance(value, str):
+            return f"the policy's decision has a {type(value).__name__} {name}, not a str"
+    parts: tuple[tuple[str, object], ...] = (
+        ("capability", pd.capability), ("presentation", pd.presentation))
+    for name, value in parts:
+        if value is not None and not isinstance(value, bytes):
+            return (f"the policy's decision has a {type(value).__name__} {name}, not JSON "
+                    "as bytes (PolicyDecision.need_approval encodes a value)")
+    return "the policy's decision has a field of the wrong type"  # pragma: no cover
 
 
 # -- the policy's ruling -------------------------------------------------------

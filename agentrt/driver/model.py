@@ -20,8 +20,10 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from agentrt.driver.cancel import CancelToken
+from agentrt.driver.checks import MAX_WAIT, check_int, check_method, describe, wait_duration
 from agentrt.driver.errors import (
     CancelledError,
+    ConfigError,
     LimitError,
     ModelUnavailableError,
     ServedError,
@@ -30,7 +32,7 @@ from agentrt.driver.errors import (
 )
 from agentrt.driver.lease import Lease, WallClock
 from agentrt.driver.worker import call_in_thread
-from agentrt.errors import AgentrtError, LeaseLostError
+from agentrt.errors import LeaseLostError, NotFoundError, RunStateError
 from agentrt.events import EventType, Observer
 from agentrt.gojson import dumps, sorted_map
 from agentrt.records import ModelCallStatus, Reason, RunStatus, ToolSpec, Usage
@@ -128,6 +130,13 @@ class Price:
     output: int = 0
     cached_input: int = 0
 
+    def __post_init__(self) -> None:
+        for name in ("input", "output", "cached_input"):
+            check_int(f"Price {name}", getattr(self, name))
+
+
+_MODEL = "a Model (an object with name() and generate(request, cancel) methods)"
+
 
 @dataclass(slots=True)
 class ModelConfig:
@@ -142,6 +151,30 @@ class ModelConfig:
     max_retries: int = 0
     backoff: timedelta = timedelta(seconds=1)
     max_retry_after: timedelta = timedelta(minutes=1)
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Refuse fields of the wrong type, or waits past a year (a model without
+        one is refused by the Driver, as the reference does)."""
+        if self.model is not None:
+            check_method("ModelConfig model", self.model, ("name", "generate"), _MODEL)
+        prices = self.prices
+        if not isinstance(prices, Mapping):
+            raise ConfigError(f"ModelConfig prices is {describe(prices)}, not a mapping of "
+                              "model name to Price")
+        for name, price in prices.items():
+            if not isinstance(name, str):
+                raise ConfigError(f"ModelConfig prices: the key {describe(name)} is not a "
+                                  "model name (a str)")
+            if not isinstance(price, Price):
+                raise ConfigError(f'ModelConfig prices["{name}"] is {describe(price)}, not '
+                                  "a Price")
+        for field_name in ("call_timeout", "backoff", "max_retry_after"):
+            wait_duration(f"ModelConfig {field_name}", getattr(self, field_name),
+                          seconds=False)
+        check_int("ModelConfig max_retries", self.max_retries)
 
     def resolved(self) -> ModelConfig:
         """Zero values replaced by the defaults."""
@@ -178,7 +211,13 @@ def cost_micros(price: Price | None, usage: Usage) -> int:
     return min(total, MAX_INT64)
 
 
-def _unusable(usage: Usage) -> str:
+def _unusable(usage: object) -> str:
+    if not isinstance(usage, Usage):
+        return f"the usage is {describe(usage)}, not a Usage"
+    for name in ("input_tokens", "output_tokens", "cached_input_tokens"):
+        count = getattr(usage, name)
+        if not isinstance(count, int) or isinstance(count, bool):
+            return f"{name} is {describe(count)}, not an int"
     if usage.input_tokens < 0 or usage.output_tokens < 0 or usage.cached_input_tokens < 0:
         return "a token count is negative"
     if usage.cached_input_tokens > usage.input_tokens:
@@ -186,6 +225,16 @@ def _unusable(usage: Usage) -> str:
     return ""
 
 
+def _charged(usage: Usage) -> Usage:
+    """A usable reported usage as recorded: each count saturating at max int64, so the
+    event and the row (which holds no more) agree, as the run totals saturate."""
+    return Usage(min(int(usage.input_tokens), MAX_INT64),
+                 min(int(usage.output_tokens), MAX_INT64),
+                 min(int(usage.cached_input_tokens), MAX_INT64))
+
+
+_MICROSECOND = timedelta(microseconds=1)
+_MAX_WAIT_US = MAX_WAIT // _MICROSECOND
 _CONNECTION_LOST = (ConnectionError, EOFError, TimeoutError, http.client.IncompleteRead)
 
 
@@ -256,8 +305,10 @@ class ModelCaller:
         ModelUnavailableError when the model cannot be used, LeaseLostError when
         the run is no longer this driver's, CancelledError when the caller cancels.
         """
+        if not isinstance(request, ModelRequest):
+            raise ConfigError(f"request is {describe(request)}, not a ModelRequest")
+        cap = check_int("request max_output_tokens", request.max_output_tokens)
         run = self._store.get_run(self._run_id)
-        cap = request.max_output_tokens
         per_call = run.limits.max_output_tokens_per_call
         if per_call > 0 and (cap <= 0 or cap > per_call):
             request = replace(request, max_output_tokens=per_call)
@@ -328,6 +379,12 @@ class ModelCaller:
     def _retry_wait(self, attempt: int, outcome: _Attempt) -> timedelta | None:
         """The wait before the next attempt, or None when it cannot usefully be waited."""
         cfg = self._config
+        # Backoff doubles per attempt; a wait past a year is not waited (nor, with
+        # many retries, computed into an overflow): every backoff is >= 1 µs, and
+        # 1 µs doubled 64 times is far past a year.
+        backoff_us = cfg.backoff // _MICROSECOND
+        if attempt > 64 or backoff_us << (attempt - 1) > _MAX_WAIT_US:
+            return None
         wait = cfg.backoff * (1 << (attempt - 1))
         retry_after = outcome.retry_after
         if retry_after is not None:
@@ -369,7 +426,7 @@ class ModelCaller:
                           {"attempt": attempt, "call_id": call_id, "model": self._name})
         except LeaseLostError:
             raise
-        except AgentrtError as exc:  # another owner, or the run ended under us
+        except (RunStateError, NotFoundError) as exc:  # another owner, or the run ended
             raise LeaseLostError(f"run {self._run_id}: {exc}") from exc
         token = self._cancel.child(timeout=self._config.call_timeout.total_seconds())
         model = self._model
@@ -410,8 +467,7 @@ class ModelCaller:
                 text = f"unusable usage: {why}"
                 return _Attempt(error, estimate, estimate_cost, text,
                                 raise_=ModelUnavailableError(attempt, text))
-            usage = Usage(response.usage.input_tokens, response.usage.output_tokens,
-                          response.usage.cached_input_tokens)
+            usage = _charged(response.usage)
             done = _Attempt(ModelCallStatus.OK.value, usage, cost_micros(self._price, usage), "",
                             response=response)
             if self._cancel.cancelled:
@@ -428,11 +484,12 @@ class ModelCaller:
             return _Attempt(error, estimate, estimate_cost, text,
                             raise_=ModelUnavailableError(attempt, text))
         if isinstance(exc, ServedError):
-            usage = exc.usage
-            if _unusable(usage):
-                usage, cost = estimate, estimate_cost
-            else:
+            served: object = exc.usage
+            if isinstance(served, Usage) and not _unusable(served):
+                usage = _charged(served)
                 cost = cost_micros(self._price, usage)
+            else:
+                usage, cost = estimate, estimate_cost
             return _Attempt(error, usage, cost, text,
                             raise_=ModelUnavailableError(attempt, text))
         if self._cancel.cancelled:

@@ -11,8 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from agentrt.driver.approvals import decide
+from agentrt.driver.approvals import check_operator, check_shown, decide
+from agentrt.driver.checks import check_callable, describe
 from agentrt.driver.core import safe_observer, system_now
+from agentrt.driver.errors import ConfigError
 from agentrt.driver.session import observation
 from agentrt.errors import RunStateError
 from agentrt.events import EventType, Observer
@@ -47,6 +49,7 @@ def cancel_run(store: Store, observer: Observer | None, clock: Callable[[], date
     write; a tool already running is not interrupted, and its outcome is
     appended afterwards as a late ``step.tool_finished``.
     """
+    check_operator(run_id, by, note)
     run = store.get_run(run_id)
     if RunStatus(run.status).terminal:
         raise RunStateError(f"run {run_id} is already {run.status}")
@@ -74,6 +77,12 @@ class Operator:
 
     def __init__(self, store: Store, observer: Observer | None = None,
                  now: Callable[[], datetime] | None = None) -> None:
+        if not isinstance(store, Store):
+            raise ConfigError(f"store is {describe(store)}, not a Store")
+        if observer is not None:
+            check_callable("observer", observer, "a function observer(event)")
+        if now is not None:
+            check_callable("now", now, "a clock function now() -> datetime")
         self.store = store
         self.observer = safe_observer(observer)
         self.now = now or system_now
@@ -92,12 +101,12 @@ class Operator:
                       note: str = "") -> Approval:
         """Approve only if the approval still has the hash the person was shown."""
         return decide(self.store, self.observer, self.now, run_id, approval_id,
-                      approve=True, by=by, note=note, shown_hash=shown_hash)
+                      approve=True, by=by, note=note, shown_hash=check_shown(shown_hash))
 
     def reject_shown(self, run_id: str, approval_id: str, shown_hash: str, by: str,
                      note: str = "") -> Approval:
         return decide(self.store, self.observer, self.now, run_id, approval_id,
-                      approve=False, by=by, note=note, shown_hash=shown_hash)
+                      approve=False, by=by, note=note, shown_hash=check_shown(shown_hash))
 
     def cancel(self, run_id: str, by: str, note: str = "") -> Run:
         return cancel_run(self.store, self.observer, self.now, run_id, by, note)

@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from agentrt.driver.checks import describe
+from agentrt.driver.errors import ConfigError
 from agentrt.gojson import Raw, dumps
 from agentrt.records import (
     Approval,
@@ -81,6 +83,8 @@ def need_approval(
 # Read once: ``Enum.MEMBER`` goes through the enum type's ``__getattr__`` hook,
 # and the default policy rules on every tool call.
 _REQUIRE_APPROVAL = PolicyOutcome.REQUIRE_APPROVAL.value
+_SIDE_EFFECTS = tuple(s.value for s in SideEffect)
+_OUTCOMES = tuple(o.value for o in PolicyOutcome)
 
 
 class SideEffectPolicy:
@@ -89,7 +93,17 @@ class SideEffectPolicy:
     __slots__ = ("rules",)
 
     def __init__(self, rules: Mapping[str, str]) -> None:
-        self.rules = dict(rules)
+        if not isinstance(rules, Mapping):
+            raise ConfigError(f"rules is {describe(rules)}, not a mapping of side effect to "
+                              "policy outcome")
+        for side, outcome in rules.items():
+            if side not in _SIDE_EFFECTS:
+                raise ConfigError(f"rules: {describe(side)} is not a side effect (one of "
+                                  f"{', '.join(_SIDE_EFFECTS)})")
+            if outcome not in _OUTCOMES:
+                raise ConfigError(f'rules["{side}"] is {describe(outcome)}, not a policy '
+                                  f"outcome (one of {', '.join(_OUTCOMES)})")
+        self.rules = {str(side): str(outcome) for side, outcome in rules.items()}
 
     def evaluate(self, request: ToolRequest, view: RunView) -> PolicyDecision:
         side = request.spec.side_effect

@@ -170,6 +170,14 @@ class PreEvent:
     payload: bytes | dict[str, Any]
 
 
+def _encoded(payload: bytes | dict[str, Any] | None) -> bytes:
+    """An event payload as stored: a dict encoded, encoded bytes as they are,
+    blank or None as ``{}``."""
+    if isinstance(payload, dict):
+        return encode(payload)
+    return payload if payload and payload.strip() else b"{}"
+
+
 @dataclass(slots=True)
 class Session:
     core: Core
@@ -325,8 +333,9 @@ class Session:
 
     def append(self, tx: Tx, step_id: str, at: datetime, type: str,
                payload: bytes | dict[str, Any] | None = None) -> None:
-        data = encode(payload) if isinstance(payload, dict) else payload
-        tx.append(self.run_id, step_id, at, type, data)  # stored as str(type): its value
+        """Append one of the run's events. Every payload the loop writes is a dict
+        or bytes this package's encoder wrote, so it is not parsed again."""
+        tx.append_encoded(self.run_id, step_id, at, type, _encoded(payload))
 
     def end_in_tx(self, tx: Tx, end: StepEnd, at: datetime, *, running: bool = False) -> Step:
         """The step-end rows and events: the run's active time, the step, then
@@ -392,8 +401,7 @@ class Session:
             check_run(tx, self.run_id, from_, owner=owner)
             self.put_spec(tx, *spec_entry)
             for ev in pre:
-                tx.append(self.run_id, ev.step_id, ev.at, ev.type,
-                          encode(ev.payload) if isinstance(ev.payload, dict) else ev.payload)
+                tx.append_encoded(self.run_id, ev.step_id, ev.at, ev.type, _encoded(ev.payload))
             if end is not None:
                 assert step_at is not None
                 self.end_in_tx(tx, end, step_at)

@@ -50,6 +50,9 @@ def _content(name: str, value: object) -> tuple[Observation, bytes]:
         if not isinstance(summary, str):
             msg = f"the tool's summary is a {type(summary).__name__}, not a str"
             return _failure(name, "error", msg), b""
+        if raw is not None and not isinstance(raw, (bytes, str)):
+            msg = f"the tool's content is a {type(raw).__name__}, not JSON as bytes or str"
+            return _failure(name, "error", msg), b""
     elif isinstance(value, (bytes, str)) or value is None:
         raw, summary = value, ""
     else:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol, runtime_checkable
@@ -26,6 +26,13 @@ from referencing._core import Resolver
 
 from agentrt.canonical import check_json
 from agentrt.driver.cancel import CancelToken
+from agentrt.driver.checks import (
+    check_callable,
+    check_method,
+    check_text,
+    describe,
+    wait_duration,
+)
 from agentrt.driver.errors import ConfigError
 from agentrt.records import SideEffect, ToolSpec
 
@@ -72,12 +79,24 @@ class Tool(Protocol):
     def call(self, call: ToolCall) -> ToolResult | bytes | str | None: ...
 
 
-def _as_bytes(v: bytes | str) -> bytes:
-    return v.encode("utf-8") if isinstance(v, str) else v
+_NOT_UTF8 = "the spec would be stored with U+FFFD in its place"
 
 
-def _as_timedelta(v: timedelta | float) -> timedelta:
-    return v if isinstance(v, timedelta) else timedelta(seconds=v)
+def _schema_bytes(where: str, v: object) -> bytes:
+    if isinstance(v, bytes):
+        return v
+    if isinstance(v, str):
+        check_text(f"{where}: input_schema", v, utf8=_NOT_UTF8)
+        return v.encode("utf-8")
+    raise ConfigError(f"{where}: input_schema is {describe(v)}, not JSON as bytes or str "
+                      "(encode a dict with json.dumps)")
+
+
+def _timeout(where: str, v: object) -> timedelta:
+    timeout = wait_duration(f"{where}: timeout", v)
+    if timeout <= timedelta(0):
+        raise ConfigError(f"{where}: timeout is required")
+    return timeout
 
 
 class FuncTool:
@@ -100,13 +119,20 @@ class FuncTool:
         timeout: timedelta | float = timedelta(seconds=30),
         terminal: bool = False,
     ) -> None:
+        check_text("FuncTool name", name, utf8=_NOT_UTF8)
+        where = f'tool "{name}"'
+        check_callable(f"{where}: fn", fn, "a function fn(call)")
+        check_text(f"{where}: description", description, utf8=_NOT_UTF8)
+        check_text(f"{where}: side_effect", side_effect)
+        if not isinstance(terminal, bool):
+            raise ConfigError(f"{where}: terminal is {describe(terminal)}, not a bool")
         self._fn = fn
         self._spec = ToolSpec(
             name=name,
             description=description,
-            input_schema=_as_bytes(input_schema),
+            input_schema=_schema_bytes(where, input_schema),
             side_effect=str(side_effect),
-            timeout=_as_timedelta(timeout),
+            timeout=_timeout(where, timeout),
             terminal=terminal,
         )
 
@@ -284,10 +310,19 @@ class RegisteredTool:
         Raises ValueError when the spec the tool now returns cannot be compiled.
         """
         spec = self.tool.spec()
+        if not isinstance(spec, ToolSpec):
+            raise ValueError(f"spec() returned {describe(spec)}, not a ToolSpec")
         key = (spec.name, spec.description, spec.input_schema, spec.side_effect,
                spec.timeout, spec.terminal)
-        entry = self._entries.get(key)
+        try:
+            entry = self._entries.get(key)
+        except TypeError:  # an unhashable field: a mistyped spec, refused below
+            entry = None
         if entry is None:
+            try:
+                check_spec_types(spec, "its spec")
+            except ConfigError as exc:
+                raise ValueError(exc.detail) from None
             validator = compile_schema(spec.input_schema)
             spec_hash, text = spec.spec_hash()
             entry = (spec_hash, text, validator)
@@ -295,6 +330,22 @@ class RegisteredTool:
                 self._entries.clear()
             self._entries[key] = entry
         return spec, entry[0], entry[1], entry[2]
+
+
+def check_spec_types(spec: ToolSpec, where: str = "") -> None:
+    """Refuse a spec whose fields are not of the types its record holds; ``where``
+    prefixes each field's name (the tool's, by default)."""
+    name = spec.name
+    check_text(f"{where}: name" if where else "tool name", name, utf8=_NOT_UTF8)
+    where = where or f'tool "{name}"'
+    check_text(f"{where}: description", spec.description, utf8=_NOT_UTF8)
+    if not isinstance(spec.input_schema, bytes):
+        raise ConfigError(f"{where}: input_schema is {describe(spec.input_schema)}, "
+                          "not JSON as bytes")
+    check_text(f"{where}: side_effect", spec.side_effect)
+    wait_duration(f"{where}: timeout", spec.timeout, seconds=False)
+    if not isinstance(spec.terminal, bool):
+        raise ConfigError(f"{where}: terminal is {describe(spec.terminal)}, not a bool")
 
 
 def _check_spec(spec: ToolSpec) -> None:
@@ -311,11 +362,23 @@ def _check_spec(spec: ToolSpec) -> None:
         raise ConfigError(f"{where}: {exc}") from exc
 
 
-def register_tools(tools: list[Tool] | tuple[Tool, ...]) -> dict[str, RegisteredTool]:
+_TOOL = "a Tool (an object with spec() and call(call) methods)"
+
+
+def register_tools(tools: object) -> dict[str, RegisteredTool]:
     """Check every tool, in the order given, and key them by name in name order."""
+    if not isinstance(tools, Sequence) or isinstance(tools, (str, bytes, bytearray)):
+        hint = ("; pass a list of tools" if callable(getattr(tools, "spec", None))
+                else "")
+        raise ConfigError(f"tools is {describe(tools)}, not a list of tools{hint}")
     out: dict[str, RegisteredTool] = {}
-    for tool in tools:
+    for i, tool in enumerate(tools):
+        check_method(f"tools[{i}]", tool, ("spec", "call"), _TOOL,
+                     "wrap a function in FuncTool")
         spec = tool.spec()
+        if not isinstance(spec, ToolSpec):
+            raise ConfigError(f"tools[{i}].spec() returned {describe(spec)}, not a ToolSpec")
+        check_spec_types(spec)
         if spec.name and spec.name in out:
             raise ConfigError(f'duplicate tool "{spec.name}"')
         _check_spec(spec)

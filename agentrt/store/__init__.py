@@ -4,14 +4,16 @@ from agentrt.store.chainread import ChainBreak, VerifyReport
 from agentrt.store.opening import StoreOpenError
 from agentrt.store.pages import PageError
 from agentrt.store.store import ReadOnlyStoreError, Store, open_existing, open_store
-from agentrt.store.tx import Tx, TxScope
+from agentrt.store.tx import StoreClosedError, TransactionOpenError, Tx, TxScope
 
 __all__ = [
     "ChainBreak",
     "PageError",
     "ReadOnlyStoreError",
     "Store",
+    "StoreClosedError",
     "StoreOpenError",
+    "TransactionOpenError",
     "Tx",
     "TxScope",
     "VerifyReport",

@@ -10,11 +10,11 @@ rows nor one huge row can exhaust the reader's memory.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import apsw
 
-from agentrt.errors import AgentrtError, NotFoundError
+from agentrt.errors import AgentrtError
 from agentrt.events import Event
 from agentrt.records import MAX_PAGE_TEXT, Approval, Run, Step
 from agentrt.store.rows import (
@@ -25,11 +25,14 @@ from agentrt.store.rows import (
     approval_from_row,
     events_from_rows,
     fetch,
+    not_found,
     run_from_row,
     step_from_row,
 )
+from agentrt.store.tx import described
 
 __all__ = [
+    "MAX_WINDOW",
     "approvals_page",
     "capped_json",
     "capped_text",
@@ -79,9 +82,33 @@ def capped_json(col: str) -> str:
     )
 
 
+#: The largest row count or offset SQLite takes (a signed 64-bit integer).
+MAX_WINDOW = 2**63 - 1
+
+
+def _is_int(v: object) -> TypeGuard[int]:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def _check_page(what: str, limit: int, offset: int) -> None:
-    if limit <= 0 or offset < 0:
-        raise PageError(f"list {what}: limit {limit} and offset {offset}")
+    if not (_is_int(limit) and _is_int(offset) and 0 < limit <= MAX_WINDOW
+            and 0 <= offset <= MAX_WINDOW):
+        raise _window_error(what, limit, offset)
+
+
+def _window_error(what: str, limit: object, offset: object) -> PageError:
+    """The one sentence for a page window that is not one: a limit or offset
+    that is not an int, or beyond what SQLite counts; an empty or negative
+    window in the reference's words."""
+    for name, value in (("limit", limit), ("offset", offset)):
+        if _is_int(value):
+            if value > MAX_WINDOW:
+                return PageError(f"list {what}: {name} {value} is more rows than SQLite "
+                                 f"counts (at most {MAX_WINDOW})")
+        else:
+            return PageError(f"list {what}: {name} is {described(value)}, "
+                             "not an int: pass a whole number of rows")
+    return PageError(f"list {what}: limit {limit} and offset {offset}")
 
 
 class PageError(AgentrtError):
@@ -134,7 +161,7 @@ def run_capped(conn: apsw.Connection, run_id: str) -> Run:
     """One run with the page reads' caps; NotFoundError when there is none."""
     rows = fetch(conn, _RUN_PAGE, "FROM runs WHERE id = ?", (run_id,))
     if not rows:
-        raise NotFoundError(f"run {run_id}")
+        raise not_found(f"run {run_id}", run_id=run_id)
     return run_from_row(rows[0], lenient=True)
 
 
@@ -268,22 +295,70 @@ _FAST_AFTER_RUN_SQL = f"SELECT {_FAST_AFTER_COLUMNS} {_AFTER_RUN}"
 
 
 def events_after(conn: apsw.Connection, run_id: str, seq: int, limit: int) -> list[Event]:
-    """At most ``limit`` events after ``seq`` in commit order, of one run or of all."""
-    if limit <= 0:
-        raise PageError(f"list events: limit {limit} and offset 0")
+    """At most ``limit`` events after ``seq`` in commit order, of one run or of all.
+
+    The arguments are checked only when they fail (a bind that refuses them,
+    a comparison with a limit that is not a number) or when the page is
+    empty (a ``seq`` of None matches nothing): the follower's full pages pay
+    nothing for it.
+    """
+    try:
+        if limit <= 0:
+            raise PageError(f"list events: limit {limit} and offset 0")
+    except TypeError:
+        _check_after(run_id, seq, limit)
+        raise
     params: tuple[Any, ...] = (seq, run_id, limit) if run_id else (seq, limit)
     previous = conn.limit(apsw.SQLITE_LIMIT_LENGTH, N)
     try:
         # Mapping the cursor, not a fetched list, frees each row tuple as its
         # event is built: half the live objects for the garbage collector.
-        return events_from_rows(conn.execute(
+        events = events_from_rows(conn.execute(
             _FAST_AFTER_RUN_SQL if run_id else _FAST_AFTER_ALL_SQL, params))
+        if not events and _matches_nothing(run_id, seq):
+            _check_after(run_id, seq, limit)
+        return events
     except (apsw.TooBigError, UnicodeDecodeError):
         pass
+    except UnicodeEncodeError:
+        _check_after(run_id, seq, limit)  # else a lone surrogate in the run id (see fetch)
+    except (OverflowError, TypeError, apsw.MismatchError):
+        _check_after(run_id, seq, limit)
+        raise
     finally:
         conn.limit(apsw.SQLITE_LIMIT_LENGTH, previous)
     return events_from_rows(fetch(conn, _EVENT_PAGE, _AFTER_RUN if run_id else _AFTER_ALL,
                                   params))
+
+
+def _matches_nothing(run_id: object, seq: object) -> bool:
+    """Whether the query could never return a row for these (an empty page is
+    the only sign): a run id that is not text (a falsy one means every run),
+    or a seq SQLite does not compare as a number (None, text that is not an
+    integer, bytes)."""
+    if run_id and not isinstance(run_id, str):
+        return True
+    if isinstance(seq, (int, float)):
+        return False
+    return not (isinstance(seq, str) and seq.strip().removeprefix("-").isdigit())
+
+
+def _check_after(run_id: object, seq: object, limit: object) -> None:
+    """Raise the sentence for arguments :func:`events_after` cannot use, if any."""
+    if ((not run_id or isinstance(run_id, str)) and isinstance(seq, int)
+            and isinstance(limit, int) and -MAX_WINDOW <= seq <= MAX_WINDOW
+            and 0 < limit <= MAX_WINDOW):
+        return
+    if run_id and not isinstance(run_id, str):
+        raise PageError(f"list events: run_id is {described(run_id)}, "
+                        "not a str: name one run, or '' for every run")
+    if not isinstance(seq, int):
+        raise PageError(f"list events: seq is {described(seq)}, not an int: "
+                        "pass the seq to read after (0 for the first event)")
+    if not -MAX_WINDOW <= seq <= MAX_WINDOW:
+        raise PageError(f"list events: seq {seq} is beyond any seq SQLite hands out "
+                        f"(at most {MAX_WINDOW})")
+    raise _window_error("events", limit, 0)
 
 
 def pending_ids_of(

@@ -20,7 +20,9 @@ from typing import Any, TypeVar
 
 import apsw
 
+from agentrt.errors import NotFoundError
 from agentrt.events import Event, event_from_fields
+from agentrt.gojson import replace_lone_surrogates
 from agentrt.records import (
     Approval,
     Decision,
@@ -33,6 +35,7 @@ from agentrt.records import (
     ToolRequest,
     Usage,
 )
+from agentrt.store.tx import described
 from agentrt.timefmt import parse_time
 
 __all__ = [
@@ -47,6 +50,7 @@ __all__ = [
     "events_from_rows",
     "fetch",
     "model_call_from_row",
+    "not_found",
     "run_from_row",
     "step_from_row",
     "text_expr",
@@ -88,6 +92,16 @@ class Columns:
         return tuple(out)
 
 
+def not_found(what: str, **ids: object) -> Exception:
+    """Nothing matched: an id that is not a str is said as such (it could not
+    have matched), any other as not found, with a lone surrogate (which no
+    stored id holds: writes store U+FFFD) shown as U+FFFD."""
+    for name, value in ids.items():
+        if not isinstance(value, str):
+            return TypeError(f"agentrt: {name} is {described(value)}, not a str")
+    return NotFoundError(replace_lone_surrogates(what))
+
+
 def fetch(
     conn: apsw.Connection, cols: Columns, rest: str, params: Sequence[Any] = ()
 ) -> list[tuple[Any, ...]]:
@@ -97,6 +111,11 @@ def fetch(
     except UnicodeDecodeError:
         rows = conn.execute(f"SELECT {cols.safe} {rest}", tuple(params)).fetchall()
         return [cols.decode(r) for r in rows]
+    except UnicodeEncodeError:
+        # A lone surrogate in a parameter, which UTF-8 cannot hold: writes
+        # store such text with U+FFFD (``Tx``), so reads look for that.
+        return fetch(conn, cols, rest, [
+            replace_lone_surrogates(v) if isinstance(v, str) else v for v in params])
 
 
 def text_expr(name: str) -> str:

@@ -10,6 +10,7 @@ starve the renewal.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -21,6 +22,7 @@ import apsw
 from agentrt.canonical import canonical_text
 from agentrt.errors import AgentrtError, NotFoundError
 from agentrt.events import Event, EventType, Observer
+from agentrt.gojson import replace_lone_surrogates
 from agentrt.records import (
     Approval,
     ModelCall,
@@ -29,7 +31,13 @@ from agentrt.records import (
     ToolSpec,
 )
 from agentrt.store import chainread, pages
-from agentrt.store.opening import close_quietly, open_memory, open_reader, open_writer
+from agentrt.store.opening import (
+    StoreOpenError,
+    close_quietly,
+    open_memory,
+    open_reader,
+    open_writer,
+)
 from agentrt.store.pages import capped_text
 from agentrt.store.rows import (
     APPROVAL_COLUMNS,
@@ -47,10 +55,11 @@ from agentrt.store.rows import (
     run_from_row,
     step_from_row,
 )
-from agentrt.store.tx import ChainHead, Tx
+from agentrt.store.rows import not_found as _not_found
+from agentrt.store.tx import CLOSED, ChainHead, StoreClosedError, Tx, closed_error, described
 from agentrt.timefmt import parse_time
 
-__all__ = ["ReadOnlyStoreError", "Store", "open_existing", "open_store"]
+__all__ = ["ReadOnlyStoreError", "Store", "StoreClosedError", "open_existing", "open_store"]
 
 _PENDING_COLUMNS = Columns.of([("a.run_id", TEXT), ("a.id", TEXT)])
 _LEASE_COLUMNS = Columns.of([(capped_text("lease_owner"), TEXT),
@@ -68,6 +77,20 @@ class ReadOnlyStoreError(AgentrtError):
     base = "agentrt: store is read-only"
 
 
+#: The largest seq SQLite hands out (a signed 64-bit rowid).
+_MAX_SEQ = 2**63 - 1
+
+
+def _seq_arg(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"agentrt: {name} is {described(value)}, not an int: pass "
+                        "an event's seq")
+    if value > _MAX_SEQ:
+        raise ValueError(f"agentrt: {name} {value} is past any seq SQLite hands out "
+                         f"(at most {_MAX_SEQ})")
+    return value
+
+
 class _Locked:
     """``with store.locked() as conn``: the lock held, the connection handed out.
 
@@ -75,18 +98,23 @@ class _Locked:
     times the lock itself on the loop's once-a-step read of the run.
     """
 
-    __slots__ = ("_conn", "_lock")
+    __slots__ = ("_conn", "_lock", "_path")
 
-    def __init__(self, conn: apsw.Connection, lock: threading.RLock) -> None:
+    def __init__(self, conn: apsw.Connection, lock: threading.RLock, path: str) -> None:
         self._conn = conn
         self._lock = lock
+        self._path = path
 
     def __enter__(self) -> apsw.Connection:
         self._lock.acquire()
         return self._conn
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> None:
         self._lock.release()
+        if exc_type is not None and issubclass(exc_type, CLOSED) and not issubclass(
+                exc_type, StoreClosedError):
+            raise closed_error(self._path) from exc
 
 
 class Store:
@@ -143,13 +171,16 @@ class Store:
 
     def locked(self) -> AbstractContextManager[apsw.Connection]:
         """The connection under the store's lock, for a sequence of reads."""
-        return _Locked(self._conn, self._lock)
+        return _Locked(self._conn, self._lock, self.path)
 
     def read_row(self, sql: str, params: tuple[Any, ...]) -> Any:
         """The first row of one query, or None, under the store's lock: the loop's
         once-a-step read of the run, without a context manager's two calls."""
         with self._lock:
-            return self._conn.execute(sql, params).fetchone()
+            try:
+                return self._conn.execute(sql, params).fetchone()
+            except CLOSED as exc:
+                raise closed_error(self.path) from exc
 
     @contextmanager
     def lease_connection(self) -> Iterator[apsw.Connection]:
@@ -184,11 +215,21 @@ class Store:
 
     def _rows(self, cols: Columns, rest: str, params: Sequence[Any] = ()) -> list[Any]:
         with self._lock:
-            return fetch(self._conn, cols, rest, params)
+            try:
+                return fetch(self._conn, cols, rest, params)
+            except CLOSED as exc:
+                raise closed_error(self.path) from exc
 
     def _one(self, sql: str, params: Sequence[Any]) -> Any:
         with self._lock:
-            return self._conn.execute(sql, tuple(params)).fetchone()
+            try:
+                return self._conn.execute(sql, tuple(params)).fetchone()
+            except CLOSED as exc:
+                raise closed_error(self.path) from exc
+            except UnicodeEncodeError:  # a lone surrogate: stored ids hold U+FFFD
+                return self._conn.execute(sql, tuple(
+                    replace_lone_surrogates(v) if isinstance(v, str) else v
+                    for v in params)).fetchone()
 
     def get_run(self, run_id: str) -> Run:
         """The run, decoded whole; NotFoundError when there is none.
@@ -198,7 +239,7 @@ class Store:
         """
         rows = self._rows(RUN_COLUMNS, "FROM runs WHERE id = ?", (run_id,))
         if not rows:
-            raise NotFoundError(f"run {run_id}")
+            raise _not_found(f"run {run_id}", run_id=run_id)
         return run_from_row(rows[0])
 
     def list_runs(self) -> list[Run]:
@@ -222,7 +263,8 @@ class Store:
         rows = self._rows(APPROVAL_COLUMNS, "FROM approvals WHERE id = ? AND run_id = ?",
                           (approval_id, run_id))
         if not rows:
-            raise NotFoundError(f"approval {approval_id} of run {run_id}")
+            raise _not_found(f"approval {approval_id} of run {run_id}", run_id=run_id,
+                             approval_id=approval_id)
         return approval_from_row(rows[0])
 
     def list_model_calls(self, run_id: str) -> list[ModelCall]:
@@ -252,7 +294,7 @@ class Store:
         row = self._one("SELECT CAST(spec_json AS BLOB) FROM tool_specs WHERE hash = ?",
                         (spec_hash,))
         if row is None:
-            raise NotFoundError(f"tool spec {spec_hash}")
+            raise _not_found(f"tool spec {spec_hash}", spec_hash=spec_hash)
         data = bytes(row[0] or b"")
         try:
             matches = hashlib.sha256(canonical_text(data)).hexdigest() == spec_hash
@@ -266,25 +308,40 @@ class Store:
 
     def list_runs_page(self, limit: int, offset: int) -> tuple[list[Run], int]:
         with self._lock:
-            return pages.runs_page(self._conn, limit, offset)
+            try:
+                return pages.runs_page(self._conn, limit, offset)
+            except CLOSED as exc:
+                raise closed_error(self.path) from exc
 
     def get_run_capped(self, run_id: str) -> Run:
         with self._lock:
-            return pages.run_capped(self._conn, run_id)
+            try:
+                return pages.run_capped(self._conn, run_id)
+            except CLOSED as exc:
+                raise closed_error(self.path) from exc
 
     def list_steps_page(self, run_id: str, limit: int, offset: int) -> tuple[list[Step], int]:
         with self._lock:
-            return pages.steps_page(self._conn, run_id, limit, offset)
+            try:
+                return pages.steps_page(self._conn, run_id, limit, offset)
+            except CLOSED as exc:
+                raise closed_error(self.path) from exc
 
     def list_approvals_page(
         self, run_id: str, status: str, limit: int, offset: int
     ) -> tuple[list[Approval], int]:
         with self._lock:
-            return pages.approvals_page(self._conn, run_id, status, limit, offset)
+            try:
+                return pages.approvals_page(self._conn, run_id, status, limit, offset)
+            except CLOSED as exc:
+                raise closed_error(self.path) from exc
 
     def list_events_page(self, run_id: str, limit: int, offset: int) -> tuple[list[Event], int]:
         with self._lock:
-            return pages.events_page(self._conn, run_id, limit, offset)
+            try:
+                return pages.events_page(self._conn, run_id, limit, offset)
+            except CLOSED as exc:
+                raise closed_error(self.path) from exc
 
     def list_events_after(self, run_id: str, seq: int, limit: int) -> list[Event]:
         """At most ``limit`` events with seq > ``seq``, in seq order: of one run,
@@ -295,12 +352,21 @@ class Store:
         a follower resumes after. Text columns are capped as in page reads.
         """
         with self._lock:
-            return pages.events_after(self._conn, run_id, seq, limit)
+            try:
+                return pages.events_after(self._conn, run_id, seq, limit)
+            except CLOSED as exc:
+                raise closed_error(self.path) from exc
 
     def pending_approval_ids_of(self, run_ids: Sequence[str], per_run: int) -> dict[
             str, list[str]]:
+        if isinstance(run_ids, str):
+            raise TypeError(f"agentrt: run_ids is {described(run_ids)}, one id, not a "
+                            "sequence of run ids: pass a list, such as [run_id]")
         with self._lock:
-            return pages.pending_ids_of(self._conn, run_ids, per_run)
+            try:
+                return pages.pending_ids_of(self._conn, run_ids, per_run)
+            except CLOSED as exc:
+                raise closed_error(self.path) from exc
 
     # -- reads for tools beside a consumer ----------------------------------
 
@@ -314,7 +380,7 @@ class Store:
         """
         rows = self._rows(_LEASE_COLUMNS, "FROM runs WHERE id = ?", (run_id,))
         if not rows:
-            raise NotFoundError(f"run {run_id}")
+            raise _not_found(f"run {run_id}", run_id=run_id)
         owner, expires_text = rows[0]
         try:
             expires = parse_time(expires_text)
@@ -332,14 +398,15 @@ class Store:
         like a page read's text; '' when there is no such event; NotFoundError
         when the run has no such approval.
         """
-        with self._lock:
-            row = self._conn.execute(
+        with self._lock:  # one lock for both reads (reentrant: _one and _rows take it too)
+            row = self._one(
                 "SELECT CAST(step_id AS BLOB) FROM approvals WHERE id = ? AND run_id = ?",
-                (approval_id, run_id)).fetchone()
+                (approval_id, run_id))
             if row is None:
-                raise NotFoundError(f"approval {approval_id} of run {run_id}")
-            found = fetch(
-                self._conn, _REASON_COLUMNS,
+                raise _not_found(f"approval {approval_id} of run {run_id}", run_id=run_id,
+                                 approval_id=approval_id)
+            found = self._rows(
+                _REASON_COLUMNS,
                 "FROM (SELECT json_extract(CAST(payload_json AS TEXT), '$.reason') AS reason "
                 "FROM events WHERE run_id = ? AND CAST(step_id AS BLOB) = ? AND type = ? "
                 "AND json_valid(CAST(payload_json AS TEXT)) "
@@ -355,8 +422,11 @@ class Store:
         with self._lock:
             # The pragma refreshes the pager's view of other connections'
             # commits; the file-control value then counts this one's too.
-            self._conn.execute("PRAGMA data_version").fetchall()
-            return int(self._conn.data_version())
+            try:
+                self._conn.execute("PRAGMA data_version").fetchall()
+                return int(self._conn.data_version())
+            except CLOSED as exc:
+                raise closed_error(self.path) from exc
 
     # -- the chain ---------------------------------------------------------
 
@@ -371,6 +441,7 @@ class Store:
 
     def event_hash(self, seq: int) -> str:
         """The stored hash of event ``seq`` (cut to 128 characters); NotFoundError."""
+        seq = _seq_arg("seq", seq)
         rows = self._rows(_HASH_COLUMNS, "FROM events WHERE seq = ?", (seq,))
         if not rows:
             raise NotFoundError(f"event {seq}")
@@ -378,35 +449,63 @@ class Store:
 
     def verify_events(self, from_seq: int = 0, to_seq: int = 0) -> chainread.VerifyReport:
         """Walk the hash chain; writes nothing. See :func:`chainread.verify`."""
+        from_seq, to_seq = _seq_arg("from_seq", from_seq), _seq_arg("to_seq", to_seq)
         with self._lock:
-            return chainread.verify(self._conn, from_seq, to_seq)
+            try:
+                return chainread.verify(self._conn, from_seq, to_seq)
+            except CLOSED as exc:
+                raise closed_error(self.path) from exc
 
 
 # -- opening -----------------------------------------------------------------
 
 
-def open_store(path: str) -> Store:
+def open_store(path: str | os.PathLike[str]) -> Store:
     """Open or create the database at ``path`` and apply its migrations.
 
     Follows a symbolic link (the consumer's own configuration names its
     database). ``":memory:"`` opens an in-memory store for tests. A file it
     refuses (modes, a trigger or view, a newer schema, not SQLite) is left
-    as it was.
+    as it was. ``path`` is a str or an ``os.PathLike``; anything else, an
+    empty path or one holding a NUL character is refused before a file is
+    created.
     """
+    path = _path_arg(path, "open_store")
     if path == ":memory:":
         return Store(open_memory(), path, read_only=False)
     conn, lease = open_writer(path)
     return Store(conn, path, read_only=False, lease_conn=lease)
 
 
-def open_existing(path: str, read_only: bool = True) -> Store:
+def open_existing(path: str | os.PathLike[str], read_only: bool = True) -> Store:
     """Open an existing database without creating or migrating it (the operator's opener).
 
     Refuses a symbolic link and anything that is not a regular file, a file
     others can write, a trigger or view, and a schema version other than this
     build's. ``read_only`` never writes the file or changes its mode; it reads
     a WAL database while a writer is live, and one in a directory it cannot
-    write.
+    write. ``path`` is a str or an ``os.PathLike``; ``read_only`` a bool.
     """
+    path = _path_arg(path, "open_existing")
+    if not isinstance(read_only, bool):
+        raise TypeError(f"open_existing: read_only is {described(read_only)}, not "
+                        "True or False")
     conn, lease = open_reader(path, read_only)
     return Store(conn, path, read_only=read_only, lease_conn=lease)
+
+
+def _path_arg(path: object, opener: str) -> str:
+    """``path`` as a str (an ``os.PathLike`` through ``os.fspath``), refused
+    before anything is opened or created when it cannot name a file."""
+    if isinstance(path, os.PathLike):
+        path = os.fspath(path)
+    if not isinstance(path, str):
+        raise TypeError(f"{opener}: path is {described(path)}, not a str or "
+                        "os.PathLike naming the database file"
+                        + (" (decode it with os.fsdecode)" if isinstance(path, bytes) else ""))
+    if not path:
+        raise StoreOpenError("the database path is empty: name the database file")
+    if "\x00" in path:
+        raise StoreOpenError(f"the database path {path!r} holds a NUL character, which no "
+                             "file name can: name the database file")
+    return path

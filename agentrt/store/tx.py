@@ -17,13 +17,48 @@ from types import TracebackType
 from typing import Any
 
 import apsw
+import orjson
 
 from agentrt.chain import chain_hash
+from agentrt.errors import AgentrtError
 from agentrt.events import Event, Observer
-from agentrt.gojson import dumps, replace_lone_surrogates
+from agentrt.gojson import Raw, dumps, is_valid, replace_lone_surrogates
 from agentrt.timefmt import format_time
 
-__all__ = ["ChainHead", "Tx", "TxScope", "encode_payload"]
+__all__ = [
+    "ChainHead",
+    "StoreClosedError",
+    "TransactionOpenError",
+    "Tx",
+    "TxScope",
+    "described",
+    "encode_payload",
+]
+
+
+class StoreClosedError(AgentrtError, apsw.ConnectionClosedError):
+    """A call on a store that was closed. Also an ``apsw.ConnectionClosedError``,
+    which such a call raised before."""
+
+    base = "agentrt: the store is closed"
+
+
+class TransactionOpenError(AgentrtError, apsw.SQLError):
+    """A transaction was begun inside another on the same connection (a
+    ``store.tx()`` inside another). Also the ``apsw.SQLError`` SQLite raises."""
+
+    base = "agentrt: a transaction is already open on this store"
+
+
+#: What apsw raises for a statement on a closed connection (or its cursor).
+CLOSED = (apsw.ConnectionClosedError, apsw.CursorClosedError)
+
+
+def closed_error(path: str = "") -> StoreClosedError:
+    """The error for a call on a closed store (of the file at ``path``)."""
+    again = "open it again (open_store or open_existing) to read or write it"
+    return StoreClosedError(f"{path}: {again}" if path else again)
+
 
 # The head: the larger of the highest seq stored and the highest AUTOINCREMENT
 # ever handed out (which survives deleting the newest events), and the hash of
@@ -41,6 +76,8 @@ _INSERT_EVENT_SQL = (
 
 
 _NO_LOCK = nullcontext()
+_loads = orjson.loads
+_JSONDecodeError = orjson.JSONDecodeError
 
 
 class ChainHead:
@@ -67,14 +104,117 @@ class ChainHead:
 
 def encode_payload(payload: bytes | dict[str, Any] | None) -> bytes:
     """A payload's stored bytes: dicts are encoded in their insertion order, as
-    Go encodes a struct; empty is ``{}``."""
+    Go encodes a struct; empty is ``{}``.
+
+    Raises TypeError for anything but bytes, a dict or None, and for a dict
+    the encoder cannot write (naming the key); bytes are taken as they are
+    (:meth:`Tx.append` checks that they hold JSON).
+    """
     if isinstance(payload, bytes):  # the common case first: the caller encoded it
         return payload if payload.strip() else b"{}"
     if payload is None:
         return b"{}"
     if isinstance(payload, dict):
-        return dumps(payload)
-    return payload if payload.strip() else b"{}"
+        try:
+            return dumps(payload)
+        except (TypeError, ValueError, AttributeError, RecursionError) as exc:
+            raise TypeError(f"agentrt: append: {_unencodable(payload, exc)}") from exc
+    hint = (": encode it (.encode()) if it is JSON, or pass a dict"
+            if isinstance(payload, str) else "")
+    raise TypeError(f"agentrt: append: payload is {described(payload)}, not bytes holding "
+                    f"JSON, a dict or None{hint}")
+
+
+def described(value: object) -> str:
+    """``None``, ``an int (5)``, ``a str ('x')``: a value and its type, for a sentence."""
+    if value is None:
+        return "None"
+    name = type(value).__name__
+    article = "an" if name[:1].lower() in ("a", "e", "i", "o", "u") else "a"
+    return f"{article} {name} ({_shown(value)})"
+
+
+def _shown(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _unencodable(payload: dict[str, Any], exc: BaseException) -> str:
+    """The sentence for a dict payload the encoder refused: where, and what.
+    Walked only after the encoder failed; depth-first, in the encoder's order."""
+    stack: list[tuple[str, Any, bool]] = [("payload", payload, False)]
+    open_: set[int] = set()  # the containers being walked: one met again is a cycle
+    while stack:
+        path, value, leaving = stack.pop()
+        if leaving:
+            open_.discard(id(value))
+            continue
+        if isinstance(value, (dict, list, tuple)):
+            if id(value) in open_:
+                return f"{path} holds itself (a cycle), which JSON cannot hold"
+            open_.add(id(value))
+            stack.append((path, value, True))
+        if isinstance(value, dict):
+            for key in value:
+                if not isinstance(key, str):
+                    return (f"{path} has a key that is {described(key)}: JSON "
+                            "object keys are str")
+            stack.extend((f"{path}[{k!r}]", v, False) for k, v in reversed(value.items()))
+        elif isinstance(value, (list, tuple)):
+            stack.extend((f"{path}[{i}]", v, False)
+                         for i, v in reversed(list(enumerate(value))))
+        elif isinstance(value, float):
+            return (f"{path} is the float {value!r}, which the payload encoder does not "
+                    "write (a float's JSON differs between Go and Python): store it as a "
+                    "str or an int, or pass the payload as JSON bytes")
+        elif isinstance(value, Raw):
+            if value.data.strip() and not is_valid(value.data):
+                return f"{path} is a Raw value that is not JSON ({_shown(value.data)})"
+        elif not isinstance(value, (str, int, type(None))):
+            return (f"{path} is {described(value)}, which JSON "
+                    "cannot hold: use str, int, bool, None, list or dict")
+    return f"payload cannot be encoded as JSON: {exc}"
+
+
+def _check_json(data: bytes) -> None:
+    """Refuse bytes that are not one JSON value in UTF-8; orjson refused them,
+    so this is the failure path (numbers beyond a double, or an escaped lone
+    surrogate, are JSON orjson refuses)."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"agentrt: append: payload {_shown(data)} is not UTF-8 "
+                         f"({exc.reason} at byte {exc.start}): pass JSON encoded as UTF-8, "
+                         "or a dict") from None
+    if not is_valid(data):
+        raise ValueError(f"agentrt: append: payload {_shown(data)} is not JSON: pass one "
+                         "JSON value encoded as UTF-8, or a dict")
+
+
+def _names(run_id: object, step_id: object, type_: object) -> tuple[str, str, str]:
+    """The checked ``run_id``, ``step_id`` and ``type`` of an event, str
+    subclasses (an ``EventType``) as plain str; TypeError or ValueError for
+    one that is not text, or an empty run id or type."""
+    for name, value in (("run_id", run_id), ("step_id", step_id), ("type", type_)):
+        if not isinstance(value, str):
+            raise TypeError(f"agentrt: append: {name} is {described(value)}, not a str")
+    if not run_id:
+        raise ValueError("agentrt: append: run_id is empty: name the run the event belongs to")
+    if not type_:
+        raise ValueError("agentrt: append: type is empty: name the event's type, such as "
+                         "'run.created'")
+    return str(run_id), str(step_id), str(type_)
+
+
+def _at_error(at: object) -> Exception:
+    if not isinstance(at, datetime):
+        return TypeError(f"agentrt: append: at is {described(at)}, not a datetime: pass an "
+                         "aware datetime, such as datetime.now(UTC)")
+    if at.tzinfo is None or at.utcoffset() is None:
+        return ValueError(f"agentrt: append: at {at.isoformat()} has no time zone: pass an "
+                          "aware datetime, such as datetime.now(UTC)")
+    return ValueError(f"agentrt: append: at {at.isoformat()} is the zero time, which is "
+                      "stored as no time at all: pass the time the event happened")
 
 
 class Tx:
@@ -120,8 +260,14 @@ class Tx:
         lock.__enter__()
         try:
             self._cur.execute("BEGIN IMMEDIATE")
-        except BaseException:
+        except BaseException as exc:
             lock.__exit__(None, None, None)
+            if isinstance(exc, CLOSED):
+                raise closed_error() from exc
+            if isinstance(exc, apsw.SQLError) and self._conn.in_transaction:
+                raise TransactionOpenError(
+                    "store.tx() cannot begin inside another on the same connection; do "
+                    "these writes in the open transaction, or after it ends") from exc
             raise
         return self
 
@@ -206,7 +352,42 @@ class Tx:
         AUTOINCREMENT ever handed out, so a seq is never reused even after the
         newest events were deleted. The write lock is held from BEGIN
         IMMEDIATE, so writers in other processes extend the same chain.
+
+        ``run_id`` and ``type`` are non-empty str, ``step_id`` a str ('' for
+        none), ``at`` an aware datetime, and ``payload`` bytes holding one
+        JSON value in UTF-8 (blank: ``{}``), a dict (encoded as Go encodes a
+        struct, in insertion order; no floats) or None (``{}``). Anything else
+        raises TypeError or ValueError naming the argument, before anything is
+        read or written; raised inside ``with``, it rolls the transaction back.
         """
+        # The arguments are checked before anything is read or written, each
+        # where using it costs the check anyway: a wrong one fails that use
+        # (or takes the path a str subclass takes) and is then said plainly.
+        if isinstance(payload, bytes) and payload.strip():
+            data = payload
+            try:
+                _loads(data)
+            except _JSONDecodeError:
+                _check_json(data)
+        else:
+            data = encode_payload(payload)
+        return self.append_encoded(run_id, step_id, at, type, data)
+
+    def append_encoded(self, run_id: str, step_id: str, at: datetime, type: str,
+                       data: bytes) -> Event:
+        """:meth:`append` for ``data`` that this package's JSON encoder just wrote
+        (the driver's path, five events a step): the bytes are not parsed again
+        to check they are JSON. Bytes from anywhere else go through :meth:`append`.
+        """
+        if (run_id.__class__ is not str or step_id.__class__ is not str
+                or type.__class__ is not str or not run_id or not type):
+            run_id, step_id, type = _names(run_id, step_id, type)
+        try:
+            at_text = format_time(at) if at.tzinfo is not None else ""
+        except AttributeError:
+            at_text = ""
+        if not at_text:
+            raise _at_error(at)
         conn = self._conn
         seq = self._head_seq
         if seq is None:
@@ -219,11 +400,6 @@ class Tx:
                 seq = int(row[0])
                 self._head_hash = str(row[1] or "")
         seq += 1
-        # Encoded bytes, the usual payload, need no call to pass as they are.
-        data = (payload if isinstance(payload, bytes) and payload.strip()
-                else encode_payload(payload))
-        run_id, step_id, type = str(run_id), str(step_id), str(type)
-        at_text = format_time(at)
         text = data.decode("utf-8")  # as stored, and hashed as these UTF-8 bytes
         try:
             digest = chain_hash(self._head_hash, seq, run_id, step_id, at_text, type, text)

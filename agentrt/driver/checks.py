@@ -1,0 +1,146 @@
+"""Argument checks for the public API: one sentence naming the argument, before any write.
+
+Every check here runs where a value enters (a constructor, ``start``, an
+operator call), never on the per-step path. Each raises
+:class:`~agentrt.driver.errors.ConfigError` (a ``ValueError``) whose text names
+the argument, what it was given and what it takes.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from datetime import timedelta
+from typing import Any
+
+from agentrt.driver.errors import ConfigError
+from agentrt.records import duration_ns
+
+__all__ = [
+    "MAX_INT64",
+    "MAX_LEASE_TTL",
+    "MAX_WAIT",
+    "MIN_INT64",
+    "MIN_LEASE_TTL",
+    "check_callable",
+    "check_duration",
+    "check_int",
+    "check_method",
+    "check_text",
+    "describe",
+    "wait_duration",
+]
+
+MAX_INT64 = (1 << 63) - 1
+MIN_INT64 = -(1 << 63)
+#: The longest tool or model-call timeout and the longest wait between model
+#: attempts: a year. Far inside what a thread can wait (``threading.TIMEOUT_MAX``,
+#: about 292 years, past which the wait itself overflows and the step is left
+#: half-way) and what a duration holds as int64 nanoseconds.
+MAX_WAIT = timedelta(days=365)
+assert MAX_WAIT.total_seconds() < threading.TIMEOUT_MAX
+#: The shortest lease: the heartbeat renews it every third of its TTL, and a
+#: lease much shorter than this expires before a step's first transaction has
+#: committed, so the run stops at once with its lease lost.
+MIN_LEASE_TTL = timedelta(milliseconds=250)
+#: The longest lease: a run whose driver stopped waits a whole lease before
+#: another driver may take it over (and the heartbeat's busy timeout, a third
+#: of it in ms, must fit a C int: some 74 days).
+MAX_LEASE_TTL = timedelta(days=1)
+_MAX_SHOWN = 40
+
+
+def describe(value: Any) -> str:
+    """``a str ('5')``: the value's type, and the value itself when it is short."""
+    name = type(value).__name__
+    article = "an" if name[:1].lower() in "aeiou" else "a"
+    if value is None:
+        return "None"
+    if isinstance(value, (bool, int, float, str, bytes)):
+        shown = repr(value)
+        if len(shown) <= _MAX_SHOWN:
+            return f"{article} {name} ({shown})"
+    return f"{article} {name}"
+
+
+def check_text(name: str, value: Any, *, blank: str = "", utf8: str = "") -> str:
+    """``value`` when it is a str; with ``blank``, not blank (``blank`` says why);
+    with ``utf8``, free of lone surrogates (``utf8`` says what they would break)."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{name} is {describe(value)}, not a str")
+    if blank and not value.strip():
+        raise ConfigError(f"{name} is {value!r}, a blank str: {blank}")
+    if utf8:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = value[exc.start]
+            raise ConfigError(
+                f"{name} holds a lone surrogate (U+{ord(bad):04X}), which is not valid "
+                f"UTF-8: {utf8}") from None
+    return value
+
+
+def check_int(name: str, value: Any, *, lo: int = MIN_INT64, hi: int = MAX_INT64) -> int:
+    """``value`` when it is an int (never a bool) within ``lo..hi``."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"{name} is {describe(value)}, not an int")
+    if value < lo:
+        raise ConfigError(f"{name} is {value}, below {lo}")
+    if value > hi:
+        bound = "2**63-1, the largest 64-bit integer" if hi == MAX_INT64 else str(hi)
+        raise ConfigError(f"{name} is {value}, above {bound}")
+    return value
+
+
+def check_duration(name: str, value: Any) -> timedelta:
+    """``value`` when it is a timedelta that int64 nanoseconds hold (about ±292 years)."""
+    if not isinstance(value, timedelta):
+        raise ConfigError(f"{name} is {describe(value)}, not a timedelta")
+    ns = duration_ns(value)
+    if not MIN_INT64 <= ns <= MAX_INT64:
+        raise ConfigError(
+            f"{name} is {value}, beyond what a duration holds (int64 nanoseconds, "
+            "about 292 years)")
+    return value
+
+
+def wait_duration(name: str, value: Any, *, seconds: bool = True,
+                  hi: timedelta = MAX_WAIT) -> timedelta:
+    """A wait given as a timedelta (or, when ``seconds``, a finite number of seconds)
+    of at most ``hi``; zero and negative values are returned for the caller to judge."""
+    if isinstance(value, timedelta):
+        out = value
+    elif seconds and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{name} is {value}, not a finite number of seconds")
+        if value > hi.total_seconds():
+            raise ConfigError(f"{name} is {value} seconds, longer than {_span(hi)}")
+        # A negative wait is the caller's to refuse; one past -hi stays negative.
+        out = timedelta(seconds=max(value, -hi.total_seconds()))
+    else:
+        expected = "a number of seconds or a timedelta" if seconds else "a timedelta"
+        raise ConfigError(f"{name} is {describe(value)}, not {expected}")
+    if out > hi:
+        raise ConfigError(f"{name} is {out}, longer than {_span(hi)}")
+    return out
+
+
+def _span(d: timedelta) -> str:
+    if d.days and not d.seconds and not d.microseconds:
+        return "a day" if d.days == 1 else f"{d.days} days"
+    return str(d)
+
+
+def check_callable(name: str, value: Any, expected: str) -> None:
+    if not callable(value):
+        raise ConfigError(f"{name} is {describe(value)}, not {expected}")
+
+
+def check_method(name: str, value: Any, methods: tuple[str, ...], expected: str,
+                 hint: str = "") -> None:
+    """Refuse ``value`` unless each of ``methods`` is a callable attribute of it."""
+    for method in methods:
+        if not callable(getattr(value, method, None)):
+            suffix = f"; {hint}" if hint and callable(value) else ""
+            raise ConfigError(f"{name} is {describe(value)}, not {expected}{suffix}")
