@@ -26,7 +26,28 @@ __all__ = [
     "SessionClosedError",
     "SymlinkError",
     "UnsafeSchemaError",
+    "described",
 ]
+
+
+#: The longest value :func:`described` quotes.
+_MAX_SHOWN = 60
+
+
+def described(value: object) -> str:
+    """``None``, ``an int (5)``, ``a str ('x')``, ``a dict``: a value's type, and
+    the value itself when it is a short scalar, for a sentence about a wrong
+    argument (a container's repr could be huge, or a secret)."""
+    if value is None:
+        return "None"
+    name = type(value).__name__
+    article = "an" if name[:1].lower() in "aeiou" else "a"
+    if isinstance(value, (bool, int, float, str, bytes)):
+        shown = repr(value)
+        if len(shown) <= _MAX_SHOWN:
+            return f"{article} {name} ({shown})"
+        return f"{article} {name} ({shown[:_MAX_SHOWN]}...)"
+    return f"{article} {name}"
 
 
 class AgentrtError(Exception):

@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from agentrt.errors import AgentrtError
+from agentrt.errors import AgentrtError, described
 
 __all__ = ["Cursor", "CursorError", "CursorSeqError", "FileCursor", "MemoryCursor"]
 
@@ -44,16 +44,6 @@ class CursorError(AgentrtError):
 class CursorSeqError(CursorError, ValueError):
     """A seq a cursor cannot hold (not an int, negative, past SQLite's largest).
     Also a ValueError, which ``FileCursor.save`` raised for a negative seq before."""
-
-
-def described(value: object) -> str:
-    """``None``, ``an int (5)``: a value and its type, for a sentence."""
-    if value is None:
-        return "None"
-    name = type(value).__name__
-    article = "an" if name[:1].lower() in ("a", "e", "i", "o", "u") else "a"
-    text = repr(value)
-    return f"{article} {name} ({text if len(text) <= 60 else text[:60] + '...'})"
 
 
 def _check_seq(seq: object, path: str = "", *, limit: int | None = None) -> int:

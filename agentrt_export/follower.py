@@ -20,10 +20,10 @@ from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 from agentrt.errors import AgentrtError
+from agentrt.errors import described as _described
 from agentrt.events import Event
 from agentrt.store import Store
 from agentrt_export.cursor import Cursor, FileCursor, MemoryCursor
-from agentrt_export.cursor import described as _described
 from agentrt_export.wake import ChangeWaiter, open_waiter
 
 __all__ = [

@@ -10,9 +10,9 @@ import os
 from collections.abc import Sequence
 from typing import IO
 
+from agentrt.errors import described
 from agentrt.events import Event
 from agentrt.trace import LineWriter, jsonl_record
-from agentrt_export.cursor import described
 from agentrt_export.follower import FollowError, PartialPage
 
 __all__ = ["JSONLSink"]

@@ -66,7 +66,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter, SpanExportResult
 
-from agentrt.errors import AgentrtError
+from agentrt.errors import AgentrtError, described
 from agentrt.events import Event
 from agentrt_otel.config import ConfigError, build_resource, resource_attributes
 from agentrt_otel.mapping import SpanMapper
@@ -100,16 +100,6 @@ class ExportStopped(AgentrtError):
     base = "otel: stopped before the collector accepted the page"
 
 
-def _described(value: object) -> str:
-    """``None``, ``an int (5)``: a value and its type, for a sentence."""
-    if value is None:
-        return "None"
-    name = type(value).__name__
-    article = "an" if name[:1].lower() in ("a", "e", "i", "o", "u") else "a"
-    text = repr(value)
-    return f"{article} {name} ({text if len(text) <= 60 else text[:60] + '...'})"
-
-
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -133,7 +123,7 @@ class Backoff:
         for name in ("initial", "maximum", "jitter"):
             value = getattr(self, name)
             if not _is_number(value) or not math.isfinite(value):
-                raise ConfigError(f"otel: backoff {name} is {_described(value)}, not a finite "
+                raise ConfigError(f"otel: backoff {name} is {described(value)}, not a finite "
                                   "number" + (" of seconds" if name != "jitter" else ""))
         if not self.initial > 0:
             raise ConfigError(f"otel: backoff initial {self.initial} must be more than 0 "
@@ -166,35 +156,35 @@ def _check_sink_arguments(
     if exporter is not None and not _has_methods(exporter, "export", "shutdown"):
         hint = (": build one from the settings with build_exporter(resolve_config(...))"
                 if isinstance(exporter, str) else "")
-        raise ConfigError(f"otel: exporter is {_described(exporter)}, not a span exporter "
+        raise ConfigError(f"otel: exporter is {described(exporter)}, not a span exporter "
                           "(an object with export(spans) and shutdown()), nor None to map and "
                           f"discard{hint}")
     if source is not None and not _has_methods(source, "list_events_after"):
-        raise ConfigError(f"otel: source is {_described(source)}, not a store (an object with "
+        raise ConfigError(f"otel: source is {described(source)}, not a store (an object with "
                           "list_events_after(run_id, seq, limit)), nor None")
     if resource is not None and not isinstance(resource, Resource):
-        raise ConfigError(f"otel: resource is {_described(resource)}, not an OpenTelemetry "
+        raise ConfigError(f"otel: resource is {described(resource)}, not an OpenTelemetry "
                           "Resource: build one with build_resource(resource_attributes(...)), "
                           "or pass None for the default")
     if stop is not None and not isinstance(stop, threading.Event):
-        raise ConfigError(f"otel: stop is {_described(stop)}, not a threading.Event, nor None")
+        raise ConfigError(f"otel: stop is {described(stop)}, not a threading.Event, nor None")
     if backoff is not None and not isinstance(backoff, Backoff):
-        raise ConfigError(f"otel: backoff is {_described(backoff)}, not a Backoff, nor None")
+        raise ConfigError(f"otel: backoff is {described(backoff)}, not a Backoff, nor None")
     for name, value, unit in (("max_batch", max_batch, "spans per export"),
                               ("max_text", max_text, "bytes per text attribute")):
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"otel: {name} is {_described(value)}, not an int: the most "
+            raise ConfigError(f"otel: {name} is {described(value)}, not an int: the most "
                               f"{unit}, 1 or more")
         if value <= 0:
             raise ConfigError(f"otel: {name} {value} must be positive: the most {unit}, 1 or "
                               "more")
     if mapper is not None and not isinstance(mapper, SpanMapper):
-        raise ConfigError(f"otel: mapper is {_described(mapper)}, not a SpanMapper, nor None")
+        raise ConfigError(f"otel: mapper is {described(mapper)}, not a SpanMapper, nor None")
     if complaints is not None and not _has_methods(complaints, "clear", "reason", "too_large"):
-        raise ConfigError(f"otel: complaints is {_described(complaints)}, not an object with "
+        raise ConfigError(f"otel: complaints is {described(complaints)}, not an object with "
                           "clear(), reason() and too_large(), nor None")
     if local_stream is not None and not isinstance(local_stream, bool):
-        raise ConfigError(f"otel: local_stream is {_described(local_stream)}, not True, False "
+        raise ConfigError(f"otel: local_stream is {described(local_stream)}, not True, False "
                           "or None")
 
 
@@ -306,7 +296,7 @@ class OTelSink:
             return True, ""
         if result is not SpanExportResult.FAILURE:
             # Not an outage: the same exporter would answer the same for ever.
-            raise ConfigError(f"otel: the exporter's export() returned {_described(result)}, "
+            raise ConfigError(f"otel: the exporter's export() returned {described(result)}, "
                               "not a SpanExportResult; the page was not delivered")
         why = self._complaints.reason() if self._complaints is not None else ""
         return False, why or "the exporter reported FAILURE"

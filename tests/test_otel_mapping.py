@@ -8,35 +8,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
+from span_helpers import an_event, named, one, spans_of
 
 from agentrt.events import ALL_EVENT_TYPES, Event
 from agentrt.records import Decision, PolicyDecision, default_limits
 from agentrt_otel import SPAN_NAMES, SpanMapper, SpanRecord, span_id, trace_id
 from agentrt_otel.testing import EventStream
-
-
-def spans_of(stream: EventStream, mapper: SpanMapper | None = None) -> list[SpanRecord]:
-    return (mapper or SpanMapper()).map_all(stream.events)
-
-
-def named(spans: list[SpanRecord], name: str) -> list[SpanRecord]:
-    return [s for s in spans if s.name == name]
-
-
-def one(spans: list[SpanRecord], name: str) -> SpanRecord:
-    found = named(spans, name)
-    assert len(found) == 1, [s.name for s in spans]
-    return found[0]
-
-
-def event_names(span: SpanRecord) -> list[str]:
-    return [e.name for e in span.events]
-
-
-def an_event(span: SpanRecord, name: str) -> dict[str, object]:
-    found = [e for e in span.events if e.name == name]
-    assert len(found) == 1, event_names(span)
-    return dict(found[0].attributes)
 
 
 def raw_event(seq: int, type_: str, payload: bytes, run_id: str = "r", step_id: str = "",

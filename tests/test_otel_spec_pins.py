@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
+from span_helpers import an_event, event_names, named, one, spans_of
 
 import agentrt
 from agentrt.driver import DefaultPolicy, Driver
@@ -28,29 +29,6 @@ CAP = b'{"truncated":true,"length":99999,"head":"xx"}'
 T = "agentrt.payload.truncated"
 MS = 1_000_000
 
-
-def spans_of(stream: EventStream, mapper: SpanMapper | None = None) -> list[SpanRecord]:
-    return (mapper or SpanMapper()).map_all(stream.events)
-
-
-def named(spans: list[SpanRecord], name: str) -> list[SpanRecord]:
-    return [s for s in spans if s.name == name]
-
-
-def one(spans: list[SpanRecord], name: str) -> SpanRecord:
-    found = named(spans, name)
-    assert len(found) == 1, [s.name for s in spans]
-    return found[0]
-
-
-def event_names(span: SpanRecord) -> list[str]:
-    return [e.name for e in span.events]
-
-
-def an_event(span: SpanRecord, name: str) -> dict[str, object]:
-    found = [e for e in span.events if e.name == name]
-    assert len(found) == 1, event_names(span)
-    return dict(found[0].attributes)
 
 
 def ns(event: Event) -> int:

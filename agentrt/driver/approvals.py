@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 
-from agentrt.driver.checks import check_text, describe
+from agentrt.driver.checks import check_text
 from agentrt.driver.errors import ConfigError
 from agentrt.driver.loop import apply, evaluate, resume_run
 from agentrt.driver.session import WAITING, Session, StepEnd, observation
@@ -27,6 +27,7 @@ from agentrt.errors import (
     ApprovalHashError,
     NotPendingError,
     RunStateError,
+    described,
 )
 from agentrt.events import EventType, Observer
 from agentrt.gojson import dumps, sorted_map
@@ -72,7 +73,7 @@ def check_shown(shown_hash: object) -> str:
     the reference does, as no hash shown)."""
     if not isinstance(shown_hash, str):
         raise ConfigError(
-            f"shown_hash is {describe(shown_hash)}, not a str: a decision bound to what "
+            f"shown_hash is {described(shown_hash)}, not a str: a decision bound to what "
             "was shown needs the hash that was shown (use approve or reject for one "
             "that is not bound)")
     return shown_hash

@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from agentrt.driver.errors import ConfigError
+from agentrt.errors import described
 from agentrt.records import duration_ns
 
 __all__ = [
@@ -27,7 +28,6 @@ __all__ = [
     "check_int",
     "check_method",
     "check_text",
-    "describe",
     "wait_duration",
 ]
 
@@ -47,27 +47,13 @@ MIN_LEASE_TTL = timedelta(milliseconds=250)
 #: another driver may take it over (and the heartbeat's busy timeout, a third
 #: of it in ms, must fit a C int: some 74 days).
 MAX_LEASE_TTL = timedelta(days=1)
-_MAX_SHOWN = 40
-
-
-def describe(value: Any) -> str:
-    """``a str ('5')``: the value's type, and the value itself when it is short."""
-    name = type(value).__name__
-    article = "an" if name[:1].lower() in "aeiou" else "a"
-    if value is None:
-        return "None"
-    if isinstance(value, (bool, int, float, str, bytes)):
-        shown = repr(value)
-        if len(shown) <= _MAX_SHOWN:
-            return f"{article} {name} ({shown})"
-    return f"{article} {name}"
 
 
 def check_text(name: str, value: Any, *, blank: str = "", utf8: str = "") -> str:
     """``value`` when it is a str; with ``blank``, not blank (``blank`` says why);
     with ``utf8``, free of lone surrogates (``utf8`` says what they would break)."""
     if not isinstance(value, str):
-        raise ConfigError(f"{name} is {describe(value)}, not a str")
+        raise ConfigError(f"{name} is {described(value)}, not a str")
     if blank and not value.strip():
         raise ConfigError(f"{name} is {value!r}, a blank str: {blank}")
     if utf8:
@@ -84,7 +70,7 @@ def check_text(name: str, value: Any, *, blank: str = "", utf8: str = "") -> str
 def check_int(name: str, value: Any, *, lo: int = MIN_INT64, hi: int = MAX_INT64) -> int:
     """``value`` when it is an int (never a bool) within ``lo..hi``."""
     if not isinstance(value, int) or isinstance(value, bool):
-        raise ConfigError(f"{name} is {describe(value)}, not an int")
+        raise ConfigError(f"{name} is {described(value)}, not an int")
     if value < lo:
         raise ConfigError(f"{name} is {value}, below {lo}")
     if value > hi:
@@ -96,7 +82,7 @@ def check_int(name: str, value: Any, *, lo: int = MIN_INT64, hi: int = MAX_INT64
 def check_duration(name: str, value: Any) -> timedelta:
     """``value`` when it is a timedelta that int64 nanoseconds hold (about ±292 years)."""
     if not isinstance(value, timedelta):
-        raise ConfigError(f"{name} is {describe(value)}, not a timedelta")
+        raise ConfigError(f"{name} is {described(value)}, not a timedelta")
     ns = duration_ns(value)
     if not MIN_INT64 <= ns <= MAX_INT64:
         raise ConfigError(
@@ -120,7 +106,7 @@ def wait_duration(name: str, value: Any, *, seconds: bool = True,
         out = timedelta(seconds=max(value, -hi.total_seconds()))
     else:
         expected = "a number of seconds or a timedelta" if seconds else "a timedelta"
-        raise ConfigError(f"{name} is {describe(value)}, not {expected}")
+        raise ConfigError(f"{name} is {described(value)}, not {expected}")
     if out > hi:
         raise ConfigError(f"{name} is {out}, longer than {_span(hi)}")
     return out
@@ -134,7 +120,7 @@ def _span(d: timedelta) -> str:
 
 def check_callable(name: str, value: Any, expected: str) -> None:
     if not callable(value):
-        raise ConfigError(f"{name} is {describe(value)}, not {expected}")
+        raise ConfigError(f"{name} is {described(value)}, not {expected}")
 
 
 def check_method(name: str, value: Any, methods: tuple[str, ...], expected: str,
@@ -143,4 +129,4 @@ def check_method(name: str, value: Any, methods: tuple[str, ...], expected: str,
     for method in methods:
         if not callable(getattr(value, method, None)):
             suffix = f"; {hint}" if hint and callable(value) else ""
-            raise ConfigError(f"{name} is {describe(value)}, not {expected}{suffix}")
+            raise ConfigError(f"{name} is {described(value)}, not {expected}{suffix}")

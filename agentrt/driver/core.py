@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from agentrt.canonical import policy_json
 from agentrt.driver.agent import Agent
-from agentrt.driver.checks import check_duration, check_int, describe
+from agentrt.driver.checks import check_duration, check_int
 from agentrt.driver.errors import ConfigError
 from agentrt.driver.lease import WallClock
 from agentrt.driver.model import ModelConfig
 from agentrt.driver.policy import Policy
 from agentrt.driver.tools import RegisteredTool
+from agentrt.errors import described
 from agentrt.events import Event, Observer
 from agentrt.records import Limits, ToolRequest, ToolSpec
 from agentrt.store import Store
@@ -98,7 +99,7 @@ def check_limits_config(limits: Limits) -> None:
     accepted and means unlimited, as 0 does (only ``> 0`` sets one).
     """
     if not isinstance(limits, Limits):
-        raise ConfigError(f"limits is {describe(limits)}, not a Limits")
+        raise ConfigError(f"limits is {described(limits)}, not a Limits")
     for name in _REQUIRED_COUNTS + _OPTIONAL_COUNTS:
         check_int(f"limits: {name}", getattr(limits, name))
     for name in _REQUIRED_COUNTS:

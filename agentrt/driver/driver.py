@@ -26,7 +26,6 @@ from agentrt.driver.checks import (
     check_callable,
     check_method,
     check_text,
-    describe,
     wait_duration,
 )
 from agentrt.driver.core import (
@@ -46,7 +45,7 @@ from agentrt.driver.policy import IdentifiedPolicy, Policy
 from agentrt.driver.recovery import Reconcile, recover
 from agentrt.driver.session import ACTIVE, WAITING, Session
 from agentrt.driver.tools import Tool, register_tools
-from agentrt.errors import EncodeError, RunLeasedError, RunStateError
+from agentrt.errors import EncodeError, RunLeasedError, RunStateError, described
 from agentrt.events import EventType, Observer
 from agentrt.gojson import Raw, dumps, sorted_map
 from agentrt.records import (
@@ -72,11 +71,11 @@ def _ttl(value: timedelta | float | None) -> timedelta:
     if ttl == timedelta(0):
         return DEFAULT_LEASE_TTL
     if ttl < timedelta(0):
-        raise ConfigError(f"lease_ttl is {describe(value)}, negative: give a positive TTL, "
+        raise ConfigError(f"lease_ttl is {described(value)}, negative: give a positive TTL, "
                           "or 0 for the default of 30 s")
     if ttl < MIN_LEASE_TTL:
         raise ConfigError(
-            f"lease_ttl is {describe(value)}, shorter than the minimum of "
+            f"lease_ttl is {described(value)}, shorter than the minimum of "
             f"{MIN_LEASE_TTL.total_seconds():g} s: the "
             "heartbeat renews the lease every third of its TTL, and a shorter lease "
             "expires before the run's first write, so the run stops with its lease lost")
@@ -93,7 +92,7 @@ def _check_store(store: object) -> None:
         raise ConfigError("store is required")
     if not isinstance(store, Store):
         hint = "; open one with open_store(path)" if isinstance(store, (str, PurePath)) else ""
-        raise ConfigError(f"store is {describe(store)}, not a Store{hint}")
+        raise ConfigError(f"store is {described(store)}, not a Store{hint}")
     try:
         store.read_row("SELECT 1", ())
     except apsw.Error as exc:
@@ -106,7 +105,7 @@ def _check_store(store: object) -> None:
 
 def _check_cancel(cancel: object) -> None:
     if cancel is not None and not isinstance(cancel, CancelToken):
-        raise ConfigError(f"cancel is {describe(cancel)}, not a CancelToken")
+        raise ConfigError(f"cancel is {described(cancel)}, not a CancelToken")
 
 
 class Driver:
@@ -151,7 +150,7 @@ class Driver:
                      "wrap a function in PolicyFunc")
         if model is not None:
             if not isinstance(model, ModelConfig):
-                raise ConfigError(f"model is {describe(model)}, not a ModelConfig")
+                raise ConfigError(f"model is {described(model)}, not a ModelConfig")
             model.check()  # again: its fields may have changed since it was made
             if model.model is None:
                 raise ConfigError("model config without a model")

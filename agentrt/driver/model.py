@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from agentrt.driver.cancel import CancelToken
-from agentrt.driver.checks import MAX_WAIT, check_int, check_method, describe, wait_duration
+from agentrt.driver.checks import MAX_WAIT, check_int, check_method, wait_duration
 from agentrt.driver.errors import (
     CancelledError,
     ConfigError,
@@ -32,7 +32,7 @@ from agentrt.driver.errors import (
 )
 from agentrt.driver.lease import Lease, WallClock
 from agentrt.driver.worker import call_in_thread
-from agentrt.errors import LeaseLostError, NotFoundError, RunStateError
+from agentrt.errors import LeaseLostError, NotFoundError, RunStateError, described
 from agentrt.events import EventType, Observer
 from agentrt.gojson import dumps, sorted_map
 from agentrt.records import ModelCallStatus, Reason, RunStatus, ToolSpec, Usage
@@ -162,14 +162,14 @@ class ModelConfig:
             check_method("ModelConfig model", self.model, ("name", "generate"), _MODEL)
         prices = self.prices
         if not isinstance(prices, Mapping):
-            raise ConfigError(f"ModelConfig prices is {describe(prices)}, not a mapping of "
+            raise ConfigError(f"ModelConfig prices is {described(prices)}, not a mapping of "
                               "model name to Price")
         for name, price in prices.items():
             if not isinstance(name, str):
-                raise ConfigError(f"ModelConfig prices: the key {describe(name)} is not a "
+                raise ConfigError(f"ModelConfig prices: the key {described(name)} is not a "
                                   "model name (a str)")
             if not isinstance(price, Price):
-                raise ConfigError(f'ModelConfig prices["{name}"] is {describe(price)}, not '
+                raise ConfigError(f'ModelConfig prices["{name}"] is {described(price)}, not '
                                   "a Price")
         for field_name in ("call_timeout", "backoff", "max_retry_after"):
             wait_duration(f"ModelConfig {field_name}", getattr(self, field_name),
@@ -213,11 +213,11 @@ def cost_micros(price: Price | None, usage: Usage) -> int:
 
 def _unusable(usage: object) -> str:
     if not isinstance(usage, Usage):
-        return f"the usage is {describe(usage)}, not a Usage"
+        return f"the usage is {described(usage)}, not a Usage"
     for name in ("input_tokens", "output_tokens", "cached_input_tokens"):
         count = getattr(usage, name)
         if not isinstance(count, int) or isinstance(count, bool):
-            return f"{name} is {describe(count)}, not an int"
+            return f"{name} is {described(count)}, not an int"
     if usage.input_tokens < 0 or usage.output_tokens < 0 or usage.cached_input_tokens < 0:
         return "a token count is negative"
     if usage.cached_input_tokens > usage.input_tokens:
@@ -306,7 +306,7 @@ class ModelCaller:
         the run is no longer this driver's, CancelledError when the caller cancels.
         """
         if not isinstance(request, ModelRequest):
-            raise ConfigError(f"request is {describe(request)}, not a ModelRequest")
+            raise ConfigError(f"request is {described(request)}, not a ModelRequest")
         cap = check_int("request max_output_tokens", request.max_output_tokens)
         run = self._store.get_run(self._run_id)
         per_call = run.limits.max_output_tokens_per_call

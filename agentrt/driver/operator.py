@@ -12,11 +12,11 @@ from collections.abc import Callable
 from datetime import datetime
 
 from agentrt.driver.approvals import check_operator, check_shown, decide
-from agentrt.driver.checks import check_callable, describe
+from agentrt.driver.checks import check_callable
 from agentrt.driver.core import safe_observer, system_now
 from agentrt.driver.errors import ConfigError
 from agentrt.driver.session import observation
-from agentrt.errors import RunStateError
+from agentrt.errors import RunStateError, described
 from agentrt.events import EventType, Observer
 from agentrt.gojson import dumps, sorted_map
 from agentrt.records import Approval, ObservationKind, Reason, Run, RunStatus
@@ -78,7 +78,7 @@ class Operator:
     def __init__(self, store: Store, observer: Observer | None = None,
                  now: Callable[[], datetime] | None = None) -> None:
         if not isinstance(store, Store):
-            raise ConfigError(f"store is {describe(store)}, not a Store")
+            raise ConfigError(f"store is {described(store)}, not a Store")
         if observer is not None:
             check_callable("observer", observer, "a function observer(event)")
         if now is not None:

@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from agentrt.driver.checks import describe
 from agentrt.driver.errors import ConfigError
+from agentrt.errors import described
 from agentrt.gojson import Raw, dumps
 from agentrt.records import (
     Approval,
@@ -94,14 +94,14 @@ class SideEffectPolicy:
 
     def __init__(self, rules: Mapping[str, str]) -> None:
         if not isinstance(rules, Mapping):
-            raise ConfigError(f"rules is {describe(rules)}, not a mapping of side effect to "
+            raise ConfigError(f"rules is {described(rules)}, not a mapping of side effect to "
                               "policy outcome")
         for side, outcome in rules.items():
             if side not in _SIDE_EFFECTS:
-                raise ConfigError(f"rules: {describe(side)} is not a side effect (one of "
+                raise ConfigError(f"rules: {described(side)} is not a side effect (one of "
                                   f"{', '.join(_SIDE_EFFECTS)})")
             if outcome not in _OUTCOMES:
-                raise ConfigError(f'rules["{side}"] is {describe(outcome)}, not a policy '
+                raise ConfigError(f'rules["{side}"] is {described(outcome)}, not a policy '
                                   f"outcome (one of {', '.join(_OUTCOMES)})")
         self.rules = {str(side): str(outcome) for side, outcome in rules.items()}
 

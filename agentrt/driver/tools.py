@@ -26,14 +26,9 @@ from referencing._core import Resolver
 
 from agentrt.canonical import check_json
 from agentrt.driver.cancel import CancelToken
-from agentrt.driver.checks import (
-    check_callable,
-    check_method,
-    check_text,
-    describe,
-    wait_duration,
-)
+from agentrt.driver.checks import check_callable, check_method, check_text, wait_duration
 from agentrt.driver.errors import ConfigError
+from agentrt.errors import described
 from agentrt.records import SideEffect, ToolSpec
 
 __all__ = [
@@ -88,7 +83,7 @@ def _schema_bytes(where: str, v: object) -> bytes:
     if isinstance(v, str):
         check_text(f"{where}: input_schema", v, utf8=_NOT_UTF8)
         return v.encode("utf-8")
-    raise ConfigError(f"{where}: input_schema is {describe(v)}, not JSON as bytes or str "
+    raise ConfigError(f"{where}: input_schema is {described(v)}, not JSON as bytes or str "
                       "(encode a dict with json.dumps)")
 
 
@@ -125,7 +120,7 @@ class FuncTool:
         check_text(f"{where}: description", description, utf8=_NOT_UTF8)
         check_text(f"{where}: side_effect", side_effect)
         if not isinstance(terminal, bool):
-            raise ConfigError(f"{where}: terminal is {describe(terminal)}, not a bool")
+            raise ConfigError(f"{where}: terminal is {described(terminal)}, not a bool")
         self._fn = fn
         self._spec = ToolSpec(
             name=name,
@@ -311,7 +306,7 @@ class RegisteredTool:
         """
         spec = self.tool.spec()
         if not isinstance(spec, ToolSpec):
-            raise ValueError(f"spec() returned {describe(spec)}, not a ToolSpec")
+            raise ValueError(f"spec() returned {described(spec)}, not a ToolSpec")
         key = (spec.name, spec.description, spec.input_schema, spec.side_effect,
                spec.timeout, spec.terminal)
         try:
@@ -340,12 +335,12 @@ def check_spec_types(spec: ToolSpec, where: str = "") -> None:
     where = where or f'tool "{name}"'
     check_text(f"{where}: description", spec.description, utf8=_NOT_UTF8)
     if not isinstance(spec.input_schema, bytes):
-        raise ConfigError(f"{where}: input_schema is {describe(spec.input_schema)}, "
+        raise ConfigError(f"{where}: input_schema is {described(spec.input_schema)}, "
                           "not JSON as bytes")
     check_text(f"{where}: side_effect", spec.side_effect)
     wait_duration(f"{where}: timeout", spec.timeout, seconds=False)
     if not isinstance(spec.terminal, bool):
-        raise ConfigError(f"{where}: terminal is {describe(spec.terminal)}, not a bool")
+        raise ConfigError(f"{where}: terminal is {described(spec.terminal)}, not a bool")
 
 
 def _check_spec(spec: ToolSpec) -> None:
@@ -370,14 +365,14 @@ def register_tools(tools: object) -> dict[str, RegisteredTool]:
     if not isinstance(tools, Sequence) or isinstance(tools, (str, bytes, bytearray)):
         hint = ("; pass a list of tools" if callable(getattr(tools, "spec", None))
                 else "")
-        raise ConfigError(f"tools is {describe(tools)}, not a list of tools{hint}")
+        raise ConfigError(f"tools is {described(tools)}, not a list of tools{hint}")
     out: dict[str, RegisteredTool] = {}
     for i, tool in enumerate(tools):
         check_method(f"tools[{i}]", tool, ("spec", "call"), _TOOL,
                      "wrap a function in FuncTool")
         spec = tool.spec()
         if not isinstance(spec, ToolSpec):
-            raise ConfigError(f"tools[{i}].spec() returned {describe(spec)}, not a ToolSpec")
+            raise ConfigError(f"tools[{i}].spec() returned {described(spec)}, not a ToolSpec")
         check_spec_types(spec)
         if spec.name and spec.name in out:
             raise ConfigError(f'duplicate tool "{spec.name}"')

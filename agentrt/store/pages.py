@@ -14,7 +14,7 @@ from typing import Any, TypeGuard
 
 import apsw
 
-from agentrt.errors import AgentrtError
+from agentrt.errors import AgentrtError, described
 from agentrt.events import Event
 from agentrt.records import MAX_PAGE_TEXT, Approval, Run, Step
 from agentrt.store.rows import (
@@ -29,7 +29,6 @@ from agentrt.store.rows import (
     run_from_row,
     step_from_row,
 )
-from agentrt.store.tx import described
 
 __all__ = [
     "MAX_WINDOW",

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import apsw
 
-from agentrt.errors import NotFoundError
+from agentrt.errors import NotFoundError, described
 from agentrt.events import Event, event_from_fields
 from agentrt.gojson import replace_lone_surrogates
 from agentrt.records import (
@@ -35,7 +35,6 @@ from agentrt.records import (
     ToolRequest,
     Usage,
 )
-from agentrt.store.tx import described
 from agentrt.timefmt import parse_time
 
 __all__ = [

@@ -20,7 +20,7 @@ from typing import Any
 import apsw
 
 from agentrt.canonical import canonical_text
-from agentrt.errors import AgentrtError, NotFoundError
+from agentrt.errors import AgentrtError, NotFoundError, described
 from agentrt.events import Event, EventType, Observer
 from agentrt.gojson import replace_lone_surrogates
 from agentrt.records import (
@@ -56,7 +56,7 @@ from agentrt.store.rows import (
     step_from_row,
 )
 from agentrt.store.rows import not_found as _not_found
-from agentrt.store.tx import CLOSED, ChainHead, StoreClosedError, Tx, closed_error, described
+from agentrt.store.tx import CLOSED, ChainHead, StoreClosedError, Tx, closed_error
 from agentrt.timefmt import parse_time
 
 __all__ = ["ReadOnlyStoreError", "Store", "StoreClosedError", "open_existing", "open_store"]

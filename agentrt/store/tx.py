@@ -20,7 +20,7 @@ import apsw
 import orjson
 
 from agentrt.chain import chain_hash
-from agentrt.errors import AgentrtError
+from agentrt.errors import AgentrtError, described
 from agentrt.events import Event, Observer
 from agentrt.gojson import Raw, dumps, is_valid, replace_lone_surrogates
 from agentrt.timefmt import format_time
@@ -31,7 +31,6 @@ __all__ = [
     "TransactionOpenError",
     "Tx",
     "TxScope",
-    "described",
     "encode_payload",
 ]
 
@@ -123,15 +122,6 @@ def encode_payload(payload: bytes | dict[str, Any] | None) -> bytes:
             if isinstance(payload, str) else "")
     raise TypeError(f"agentrt: append: payload is {described(payload)}, not bytes holding "
                     f"JSON, a dict or None{hint}")
-
-
-def described(value: object) -> str:
-    """``None``, ``an int (5)``, ``a str ('x')``: a value and its type, for a sentence."""
-    if value is None:
-        return "None"
-    name = type(value).__name__
-    article = "an" if name[:1].lower() in ("a", "e", "i", "o", "u") else "a"
-    return f"{article} {name} ({_shown(value)})"
 
 
 def _shown(value: object, limit: int = 60) -> str:
