@@ -1,11 +1,15 @@
-"""Shared test setup: make the helper modules in tests/ importable by name, and
-check that no test changed the committed fixtures."""
+"""Shared test setup: make the helper modules in tests/ importable by name,
+check that no test changed the committed fixtures, and the ``waits`` fixture
+(the driver's retry waits, recorded and not slept)."""
 
 import hashlib
 import os
 import sys
+from datetime import timedelta
 
 import pytest
+
+from agentrt.driver import CancelToken
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,3 +40,17 @@ def committed_fixtures_are_unchanged_by_the_suite():
     after = _state()
     changed = [name for name in before if before[name] != after[name]]
     assert not changed, f"the test suite changed fixtures/{changed}; tests must copy it first"
+
+
+@pytest.fixture
+def waits(monkeypatch) -> list[timedelta]:
+    """Every retry wait the driver asks for, recorded and not slept."""
+    seen: list[timedelta] = []
+    original = CancelToken.wait
+
+    def record(self, seconds=None):
+        seen.append(timedelta(seconds=seconds))
+        return original(self, 0)
+
+    monkeypatch.setattr(CancelToken, "wait", record)
+    return seen

@@ -20,7 +20,6 @@ from _driver_kit import call, fixture_tools, limits, make, types
 
 from agentrt.driver import (
     AgentFunc,
-    CancelToken,
     ConfigError,
     DefaultPolicy,
     Driver,
@@ -392,20 +391,6 @@ def test_a_model_config_changed_after_construction_is_checked_again_by_the_drive
     config.backoff = 1.0  # type: ignore[assignment]
     with pytest.raises(ConfigError, match="ModelConfig backoff is a float"):
         driver(model=config)
-
-
-@pytest.fixture
-def waits(monkeypatch) -> list[timedelta]:
-    """Every retry wait the driver asks for, recorded and not slept."""
-    seen: list[timedelta] = []
-    original = CancelToken.wait
-
-    def record(self, seconds=None):
-        seen.append(timedelta(seconds=seconds))
-        return original(self, 0)
-
-    monkeypatch.setattr(CancelToken, "wait", record)
-    return seen
 
 
 def model_driver(model, store=None, **kw):

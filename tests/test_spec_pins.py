@@ -167,20 +167,6 @@ def ok(i: int = 1, o: int = 1) -> ModelResponse:
     return ModelResponse(text="ok", usage=Usage(i, o))
 
 
-@pytest.fixture
-def waits(monkeypatch) -> list[timedelta]:
-    """Every retry wait the driver asks for, recorded and not slept."""
-    seen: list[timedelta] = []
-    original = CancelToken.wait
-
-    def record(self, seconds=None):
-        seen.append(timedelta(seconds=seconds))
-        return original(self, 0)
-
-    monkeypatch.setattr(CancelToken, "wait", record)
-    return seen
-
-
 def drive(replies, lim: Limits | None = None, script=None, now=None, **cfg):
     model = ScriptedModel(replies)
     kw = {"now": now} if now is not None else {}
