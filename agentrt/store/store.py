@@ -92,10 +92,12 @@ def _seq_arg(name: str, value: object) -> int:
 
 
 class _Locked:
-    """``with store.locked() as conn``: the lock held, the connection handed out.
+    """``with store.locked() as conn``: the lock held, the connection handed out,
+    and a statement on a closed connection raised as :class:`StoreClosedError`.
 
-    A class rather than a ``@contextmanager`` generator, which cost several
-    times the lock itself on the loop's once-a-step read of the run.
+    One instance per store (it holds no state of its own use), and a class
+    rather than a ``@contextmanager`` generator, which cost several times the
+    lock itself on the loop's once-a-step read of the run.
     """
 
     __slots__ = ("_conn", "_lock", "_path")
@@ -142,6 +144,9 @@ class Store:
         self._closed = False
         self._head = ChainHead()
         self._tx_cursor = conn.cursor()  # for Tx's own statements, under the lock
+        #: ``with self._guarded as conn``: the lock held, and a call on the closed
+        #: connection said as StoreClosedError (every read goes through it).
+        self._guarded = _Locked(conn, self._lock, path)
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -171,16 +176,13 @@ class Store:
 
     def locked(self) -> AbstractContextManager[apsw.Connection]:
         """The connection under the store's lock, for a sequence of reads."""
-        return _Locked(self._conn, self._lock, self.path)
+        return self._guarded
 
     def read_row(self, sql: str, params: tuple[Any, ...]) -> Any:
         """The first row of one query, or None, under the store's lock: the loop's
-        once-a-step read of the run, without a context manager's two calls."""
-        with self._lock:
-            try:
-                return self._conn.execute(sql, params).fetchone()
-            except CLOSED as exc:
-                raise closed_error(self.path) from exc
+        once-a-step read of the run."""
+        with self._guarded as conn:
+            return conn.execute(sql, params).fetchone()
 
     @contextmanager
     def lease_connection(self) -> Iterator[apsw.Connection]:
@@ -214,20 +216,15 @@ class Store:
     # -- full reads --------------------------------------------------------
 
     def _rows(self, cols: Columns, rest: str, params: Sequence[Any] = ()) -> list[Any]:
-        with self._lock:
-            try:
-                return fetch(self._conn, cols, rest, params)
-            except CLOSED as exc:
-                raise closed_error(self.path) from exc
+        with self._guarded as conn:
+            return fetch(conn, cols, rest, params)
 
     def _one(self, sql: str, params: Sequence[Any]) -> Any:
-        with self._lock:
+        with self._guarded as conn:
             try:
-                return self._conn.execute(sql, tuple(params)).fetchone()
-            except CLOSED as exc:
-                raise closed_error(self.path) from exc
+                return conn.execute(sql, tuple(params)).fetchone()
             except UnicodeEncodeError:  # a lone surrogate: stored ids hold U+FFFD
-                return self._conn.execute(sql, tuple(
+                return conn.execute(sql, tuple(
                     replace_lone_surrogates(v) if isinstance(v, str) else v
                     for v in params)).fetchone()
 
@@ -307,41 +304,26 @@ class Store:
     # -- page reads --------------------------------------------------------
 
     def list_runs_page(self, limit: int, offset: int) -> tuple[list[Run], int]:
-        with self._lock:
-            try:
-                return pages.runs_page(self._conn, limit, offset)
-            except CLOSED as exc:
-                raise closed_error(self.path) from exc
+        with self._guarded as conn:
+            return pages.runs_page(conn, limit, offset)
 
     def get_run_capped(self, run_id: str) -> Run:
-        with self._lock:
-            try:
-                return pages.run_capped(self._conn, run_id)
-            except CLOSED as exc:
-                raise closed_error(self.path) from exc
+        with self._guarded as conn:
+            return pages.run_capped(conn, run_id)
 
     def list_steps_page(self, run_id: str, limit: int, offset: int) -> tuple[list[Step], int]:
-        with self._lock:
-            try:
-                return pages.steps_page(self._conn, run_id, limit, offset)
-            except CLOSED as exc:
-                raise closed_error(self.path) from exc
+        with self._guarded as conn:
+            return pages.steps_page(conn, run_id, limit, offset)
 
     def list_approvals_page(
         self, run_id: str, status: str, limit: int, offset: int
     ) -> tuple[list[Approval], int]:
-        with self._lock:
-            try:
-                return pages.approvals_page(self._conn, run_id, status, limit, offset)
-            except CLOSED as exc:
-                raise closed_error(self.path) from exc
+        with self._guarded as conn:
+            return pages.approvals_page(conn, run_id, status, limit, offset)
 
     def list_events_page(self, run_id: str, limit: int, offset: int) -> tuple[list[Event], int]:
-        with self._lock:
-            try:
-                return pages.events_page(self._conn, run_id, limit, offset)
-            except CLOSED as exc:
-                raise closed_error(self.path) from exc
+        with self._guarded as conn:
+            return pages.events_page(conn, run_id, limit, offset)
 
     def list_events_after(self, run_id: str, seq: int, limit: int) -> list[Event]:
         """At most ``limit`` events with seq > ``seq``, in seq order: of one run,
@@ -351,22 +333,16 @@ class Store:
         in commit order and is never reused: the last seq returned is a cursor
         a follower resumes after. Text columns are capped as in page reads.
         """
-        with self._lock:
-            try:
-                return pages.events_after(self._conn, run_id, seq, limit)
-            except CLOSED as exc:
-                raise closed_error(self.path) from exc
+        with self._guarded as conn:
+            return pages.events_after(conn, run_id, seq, limit)
 
     def pending_approval_ids_of(self, run_ids: Sequence[str], per_run: int) -> dict[
             str, list[str]]:
         if isinstance(run_ids, str):
             raise TypeError(f"agentrt: run_ids is {described(run_ids)}, one id, not a "
                             "sequence of run ids: pass a list, such as [run_id]")
-        with self._lock:
-            try:
-                return pages.pending_ids_of(self._conn, run_ids, per_run)
-            except CLOSED as exc:
-                raise closed_error(self.path) from exc
+        with self._guarded as conn:
+            return pages.pending_ids_of(conn, run_ids, per_run)
 
     # -- reads for tools beside a consumer ----------------------------------
 
@@ -419,14 +395,11 @@ class Store:
     def data_version(self) -> int:
         """Changes whenever a commit lands, from any connection (this one included):
         a cheap "anything new?" check for a follower."""
-        with self._lock:
+        with self._guarded as conn:
             # The pragma refreshes the pager's view of other connections'
             # commits; the file-control value then counts this one's too.
-            try:
-                self._conn.execute("PRAGMA data_version").fetchall()
-                return int(self._conn.data_version())
-            except CLOSED as exc:
-                raise closed_error(self.path) from exc
+            conn.execute("PRAGMA data_version").fetchall()
+            return int(conn.data_version())
 
     # -- the chain ---------------------------------------------------------
 
@@ -450,11 +423,8 @@ class Store:
     def verify_events(self, from_seq: int = 0, to_seq: int = 0) -> chainread.VerifyReport:
         """Walk the hash chain; writes nothing. See :func:`chainread.verify`."""
         from_seq, to_seq = _seq_arg("from_seq", from_seq), _seq_arg("to_seq", to_seq)
-        with self._lock:
-            try:
-                return chainread.verify(self._conn, from_seq, to_seq)
-            except CLOSED as exc:
-                raise closed_error(self.path) from exc
+        with self._guarded as conn:
+            return chainread.verify(conn, from_seq, to_seq)
 
 
 # -- opening -----------------------------------------------------------------
