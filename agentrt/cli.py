@@ -130,6 +130,11 @@ def operator_name(by: str | None) -> str:
     who = os.environ.get("USER") or ""
     if not who.strip():
         raise click.UsageError("no name to record the decision under: pass --by or set USER")
+    try:
+        who.encode("utf-8")
+    except UnicodeEncodeError:
+        raise click.UsageError("$USER is not valid UTF-8: pass --by or set USER in UTF-8"
+                               ) from None
     return who
 
 
@@ -160,6 +165,10 @@ def opened(s: Settings, *, write: bool = False, echoed: Sequence[str] = ()) -> I
         said = sqlite_failure(s.db, exc, write=write)
         raise click.ClickException(sanitize(
             said or f"{'using' if write else 'reading'} {s.db}: {exc}")) from None
+    except ValueError as exc:  # a stored value that does not decode: a damaged row
+        raise click.ClickException(sanitize(view.echo_in(
+            f"{s.db} holds a value that does not decode ({exc}), so nothing was changed; "
+            "agentrt show and events read what is stored", echoed))) from None
     finally:
         store.close()
 

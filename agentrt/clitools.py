@@ -25,8 +25,10 @@ __all__ = ["OUTPUT_CLOSED", "run_click", "schema_sentence", "silence_stdout"]
 
 #: The error a write to a closed standard output raises (``>&-``).
 OUTPUT_CLOSED = "standard output is closed"
-#: Environment variables the commands read text from.
-_TEXT_VARIABLES = ("AGENTRT_DB", "USER")
+#: The environment variable every command reads before anything else (the
+#: others are checked where they are used: $USER by a decision without
+#: --by, OTEL_* by agentrt-export otel).
+_TEXT_VARIABLES = ("AGENTRT_DB",)
 
 
 class _ClosedOutput(io.TextIOBase):
@@ -97,7 +99,7 @@ def _not_utf8(argv: list[str]) -> str:
             shown = sanitize(arg.encode("utf-8", "surrogateescape").decode("utf-8", "replace"))
             return f"argument {i} ({shown[:80]}) is not valid UTF-8; give it in UTF-8"
     for name, value in os.environ.items():
-        if name in _TEXT_VARIABLES or name.startswith("OTEL_"):
+        if name in _TEXT_VARIABLES:
             try:
                 value.encode("utf-8")
             except UnicodeEncodeError:

@@ -192,7 +192,9 @@ def run_follower(
                     settings.run, 0, 1):
                 # Not a failure: a run may simply have no events (yet), but an
                 # empty stdout alone does not tell a typo from that.
-                click.echo(sanitize(f"no events of run {settings.run} in {settings.db}"),
+                from agentrt.view.errors import echo  # only when it says so
+
+                click.echo(sanitize(f"no events of run {echo(settings.run)} in {settings.db}"),
                            err=True)
         except BrokenPipeError:
             # The reader went away (``| head``): end quietly; the cursor was
@@ -262,7 +264,11 @@ def _parse_headers(values: tuple[str, ...]) -> dict[str, str] | None:
     for value in values:
         key, sep, val = value.partition("=")
         if not sep or not key.strip():
-            raise click.UsageError(f"--header {value!r}: write it as KEY=VALUE")
+            # Never the value: a header may carry a secret ("Authorization: Bearer ...").
+            name = value.split(":", 1)[0].split("=", 1)[0].strip()[:40]
+            shown = f" ({sanitize(name)}...)" if name else ""
+            raise click.UsageError(f"otel: --header{shown} is not KEY=VALUE: write it as "
+                                   "KEY=VALUE, e.g. --header authorization=...")
         headers[key.strip()] = val.strip()
     return headers or None
 

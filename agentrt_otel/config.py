@@ -170,14 +170,25 @@ def _char(ch: str) -> str:
 def _first(env: Mapping[str, str], *names: str) -> tuple[str, str] | None:
     """The first variable set to a non-blank value, with its name."""
     for name in names:
-        value = env.get(name, "").strip()
+        value = _variable(env, name).strip()
         if value:
             return name, value
     return None
 
 
+def _variable(env: Mapping[str, str], name: str) -> str:
+    """``env[name]`` ('' when unset), refused when it is not valid UTF-8 (Python
+    holds such bytes as lone surrogates, which no header or URL can carry)."""
+    value = env.get(name, "")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"otel: ${name} is not valid UTF-8; set it in UTF-8") from None
+    return value
+
+
 def _exporter(arg: str | None, env: Mapping[str, str]) -> Exporter:
-    raw = arg if arg is not None else env.get("OTEL_TRACES_EXPORTER", "")
+    raw = arg if arg is not None else _variable(env, "OTEL_TRACES_EXPORTER")
     value = raw.strip().lower()
     if value in ("", "otlp"):
         return "otlp"
@@ -244,8 +255,9 @@ def parse_headers(name: str, raw: str) -> dict[str, str]:
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or not key:
+            # Never the value itself: a header may carry a secret.
             raise ConfigError(
-                f"otel: {name} {_shown(raw)}: write each header as key=value, "
+                f"otel: {name}: an entry is not key=value; write each header as key=value, "
                 "separated by commas")
         out[key.lower()] = unquote(value.strip())
     return out
@@ -299,10 +311,16 @@ def _headers(arg: Mapping[str, str] | None, env: Mapping[str, str],
     return headers
 
 
+#: The export timeout's bounds: a wait the SDK can keep (it fails every
+#: attempt below a millisecond, and overflows its clock near infinity).
+MIN_TIMEOUT, MAX_TIMEOUT = 0.001, 86_400.0
+
+
 def _timeout(arg: float | None, env: Mapping[str, str]) -> float:
     if arg is not None:
-        if not arg > 0:
-            raise ConfigError(f"otel: timeout {arg} s: give a positive number of seconds")
+        if not MIN_TIMEOUT <= arg <= MAX_TIMEOUT:
+            raise ConfigError(f"otel: timeout {arg} s: give a number of seconds from "
+                              f"{MIN_TIMEOUT} to {MAX_TIMEOUT:.0f}")
         return float(arg)
     found = _first(env, "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
     if found is None:
@@ -312,8 +330,9 @@ def _timeout(arg: float | None, env: Mapping[str, str]) -> float:
         ms = float(raw)
     except ValueError:
         ms = -1.0
-    if not ms > 0:
-        raise ConfigError(f"otel: {name} {_shown(raw)}: give a positive number of milliseconds")
+    if not MIN_TIMEOUT * 1000 <= ms <= MAX_TIMEOUT * 1000:
+        raise ConfigError(f"otel: {name} {_shown(raw)}: give a number of milliseconds from "
+                          f"1 to {MAX_TIMEOUT * 1000:.0f} (a day)")
     return ms / 1000.0
 
 
@@ -474,7 +493,7 @@ def resource_attributes(env: Mapping[str, str],
     the OpenTelemetry resource SDK specification says, and a sentence saying
     so is appended to ``warnings``."""
     attrs = {SERVICE_NAME: DEFAULT_SERVICE_NAME}
-    raw = env.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    raw = _variable(env, "OTEL_RESOURCE_ATTRIBUTES")
     problem = _resource_problem(raw)
     if problem:
         if warnings is not None:
@@ -486,7 +505,7 @@ def resource_attributes(env: Mapping[str, str],
             key, sep, value = item.partition("=")
             if sep and key.strip():
                 attrs[key.strip()] = unquote(value.strip())
-    service = env.get("OTEL_SERVICE_NAME", "").strip()
+    service = _variable(env, "OTEL_SERVICE_NAME").strip()
     if service:
         attrs[SERVICE_NAME] = service
     return attrs
@@ -551,6 +570,7 @@ def resolve_config(
                           resource_attributes=attrs, warnings=tuple(warnings))
     proto = _protocol(protocol, env)
     url = _endpoint(endpoint, proto, env)
+    _check_tls_files(env)
     scheme = url.partition(":")[0].lower() if "://" in url else ""
     plain = scheme == "http" if secure_arg is None else secure_arg
     if scheme == "https":
@@ -566,6 +586,21 @@ def resolve_config(
         compression=_compression(env, proto),
         warnings=tuple(warnings),
     )
+
+
+#: The TLS files the SDK exporters read from the environment themselves.
+_TLS_FILES = tuple(f"OTEL_EXPORTER_OTLP_{part}{kind}" for part in ("TRACES_", "")
+                   for kind in ("CERTIFICATE", "CLIENT_CERTIFICATE", "CLIENT_KEY"))
+
+
+def _check_tls_files(env: Mapping[str, str]) -> None:
+    """Refuse a TLS file variable naming nothing readable: the SDK would fail
+    every attempt (the gRPC exporter with a traceback), for ever."""
+    for name in _TLS_FILES:
+        path = _variable(env, name).strip()
+        if path and not (os.path.isfile(path) and os.access(path, os.R_OK)):
+            raise ConfigError(f"otel: {name} {_shown(path)} is not a file this user can read: "
+                              "name the PEM file, or unset it")
 
 
 def build_exporter(

@@ -846,3 +846,23 @@ def test_runs_cuts_a_long_goal_to_sixty_bytes_and_show_a_long_field_to_4000(tmp_
     assert goal.startswith(head) and 3998 <= len(head.encode()) <= 4000
     assert marker == f"{len(goal.encode()) - len(head.encode())} more bytes]"
     kit.close()
+
+
+@pytest.mark.parametrize(("column", "value"), [
+    ("status", "WEIRD"), ("created_at", "garbage"), ("limits_json", "{")])
+@pytest.mark.parametrize("command", ["cancel", "approve"])
+def test_a_decision_on_a_damaged_run_row_is_one_sentence_and_changes_nothing(
+        ops, column, value, command):
+    conn = apsw.Connection(ops.path)
+    conn.execute(f"UPDATE runs SET {column} = ? WHERE id = ?", (value, ops.waiting))
+    conn.close()
+    before = snapshot(ops.path)
+    args = ("--approval", ops.approval, "--yes") if command == "approve" else ()
+    result = invoke("--db", ops.path, command, ops.waiting, *args, "--by", "op")
+    assert result.code == 1, result.stderr
+    assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
+    if (command, column) == ("approve", "status"):  # read as a run not waiting
+        assert "is WEIRD, not waiting for approval" in result.stderr
+    else:
+        assert "does not decode" in result.stderr and "nothing was changed" in result.stderr
+    assert snapshot(ops.path) == before

@@ -74,12 +74,42 @@ def test_an_argument_that_is_not_utf8_is_a_usage_error_that_changes_nothing(db, 
     assert snapshot(db) == before
 
 
-def test_a_variable_that_is_not_utf8_is_a_usage_error(db):
-    env = child_env()
-    env_bytes = {k.encode(): v.encode() for k, v in env.items()}
-    env_bytes[b"USER"] = b"\xff"
-    done = subprocess.run([sys.executable, "-m", "agentrt.cli", "--db", db, "runs"],
-                          capture_output=True, stdin=subprocess.DEVNULL, env=env_bytes,
-                          timeout=120)
+def _env_with(name: bytes, value: bytes) -> dict[bytes, bytes]:
+    env = {k.encode(): v.encode() for k, v in child_env().items()}
+    env[name] = value
+    return env
+
+
+def test_a_database_variable_that_is_not_utf8_is_a_usage_error(db):
+    done = subprocess.run([sys.executable, "-m", "agentrt.cli", "runs"],
+                          capture_output=True, stdin=subprocess.DEVNULL,
+                          env=_env_with(b"AGENTRT_DB", b"\xff.db"), timeout=120)
     assert done.returncode == 2
-    assert one_line(done.stderr) == "usage: $USER is not valid UTF-8; set it in UTF-8"
+    assert one_line(done.stderr) == "usage: $AGENTRT_DB is not valid UTF-8; set it in UTF-8"
+
+
+def test_user_that_is_not_utf8_matters_only_to_a_decision_without_by(db):
+    env = _env_with(b"USER", b"\xff")
+    listed = subprocess.run([sys.executable, "-m", "agentrt.cli", "--db", db, "runs"],
+                            capture_output=True, stdin=subprocess.DEVNULL, env=env, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    before = snapshot(db)
+    decided = subprocess.run([sys.executable, "-m", "agentrt.cli", "--db", db, "cancel", "r"],
+                             capture_output=True, stdin=subprocess.DEVNULL, env=env,
+                             timeout=120)
+    assert decided.returncode == 2 and b"Traceback" not in decided.stderr
+    assert decided.stderr.decode().splitlines()[0] == (
+        "usage: $USER is not valid UTF-8: pass --by or set USER in UTF-8")
+    assert snapshot(db) == before
+
+
+def test_an_otel_variable_that_is_not_utf8_matters_only_to_the_otel_command(db):
+    env = _env_with(b"OTEL_SERVICE_NAME", b"\xff")
+    jsonl = subprocess.run([sys.executable, "-m", "agentrt_export.cli", "jsonl", "--db", db],
+                           capture_output=True, stdin=subprocess.DEVNULL, env=env, timeout=120)
+    assert jsonl.returncode == 0, jsonl.stderr
+    env[b"OTEL_TRACES_EXPORTER"] = b"none"
+    otel = subprocess.run([sys.executable, "-m", "agentrt_export.cli", "otel", "--db", db],
+                          capture_output=True, stdin=subprocess.DEVNULL, env=env, timeout=120)
+    assert otel.returncode == 2
+    assert "otel: $OTEL_SERVICE_NAME is not valid UTF-8; set it in UTF-8" in otel.stderr.decode()

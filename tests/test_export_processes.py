@@ -624,6 +624,9 @@ def test_a_run_without_events_gets_a_note_and_exit_0(tmp_path):
     done = run_cli("jsonl", "--db", db, "--run", "run-1")
     assert (done.returncode, done.stderr) == (0, b"")
     assert [json.loads(line)["run_id"] for line in done.stdout.splitlines()] == ["run-1"] * 3
+    long_id = "x" * 100_000  # quoted cut, as the operator command quotes ids
+    done = run_cli("jsonl", "--db", db, "--run", long_id)
+    assert done.stderr == f"no events of run {'x' * 80}…(100000 characters) in {db}\n".encode()
 
 
 @pytest.mark.parametrize(

@@ -116,10 +116,22 @@ def test_otlp_builds_the_exporter_for_the_protocol(env: dict[str, str], kind: ty
     ({"OTEL_EXPORTER_OTLP_INSECURE": "yes"},
      'otel: OTEL_EXPORTER_OTLP_INSECURE "yes": true or false'),
     ({"OTEL_EXPORTER_OTLP_TIMEOUT": "soon"},
-     'otel: OTEL_EXPORTER_OTLP_TIMEOUT "soon": give a positive number of milliseconds'),
-    ({"OTEL_EXPORTER_OTLP_HEADERS": "api-key"},
-     'otel: OTEL_EXPORTER_OTLP_HEADERS "api-key": write each header as key=value, '
-     "separated by commas"),
+     'otel: OTEL_EXPORTER_OTLP_TIMEOUT "soon": give a number of milliseconds from 1 to '
+     "86400000 (a day)"),
+    # A timeout the SDK cannot keep: infinite, past a day, below a millisecond.
+    ({"OTEL_EXPORTER_OTLP_TIMEOUT": "1e400"},
+     'otel: OTEL_EXPORTER_OTLP_TIMEOUT "1e400": give a number of milliseconds from 1 to '
+     "86400000 (a day)"),
+    ({"OTEL_EXPORTER_OTLP_TIMEOUT": "1e15"},
+     'otel: OTEL_EXPORTER_OTLP_TIMEOUT "1e15": give a number of milliseconds from 1 to '
+     "86400000 (a day)"),
+    ({"OTEL_EXPORTER_OTLP_TIMEOUT": "1e-9"},
+     'otel: OTEL_EXPORTER_OTLP_TIMEOUT "1e-9": give a number of milliseconds from 1 to '
+     "86400000 (a day)"),
+    # The entry that is not key=value is never echoed: it may hold a secret.
+    ({"OTEL_EXPORTER_OTLP_HEADERS": "a=b,Bearer TOPSECRET"},
+     "otel: OTEL_EXPORTER_OTLP_HEADERS: an entry is not key=value; write each header as "
+     "key=value, separated by commas"),
 ])
 def test_unusable_settings_are_refused_in_one_sentence(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError) as caught:
@@ -392,3 +404,16 @@ def test_an_exporter_that_is_shut_down_reports_failure_rather_than_raising() -> 
     assert exporter is not None
     exporter.shutdown()
     assert exporter.export([]) is SpanExportResult.FAILURE
+
+
+@pytest.mark.parametrize("name", ["OTEL_EXPORTER_OTLP_CERTIFICATE",
+                                  "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY"])
+def test_a_tls_file_variable_naming_nothing_readable_is_refused(tmp_path, name: str) -> None:
+    missing = str(tmp_path / "nope.pem")
+    with pytest.raises(ConfigError) as caught:
+        resolve_config(environ={name: missing})
+    assert str(caught.value) == (f'otel: {name} "{missing}" is not a file this user can read: '
+                                 "name the PEM file, or unset it")
+    pem = tmp_path / "ca.pem"
+    pem.write_text("-----BEGIN CERTIFICATE-----\n")
+    resolve_config(environ={name: str(pem)})  # a readable file is the SDK's to judge
