@@ -358,3 +358,16 @@ def test_otel_command_warns_once_and_exports_when_resource_attributes_do_not_dec
         assert received_keys(receiver) == expected_keys(events)
         resources = [s.resource for s in receiver.spans()]
         assert all("team" not in r and r["service.name"] == "agentrt-test" for r in resources)
+
+
+@pytest.mark.parametrize(("args", "env"), [
+    (("--header", "Authorization: Bearer TOPSECRET"), None),
+    ((), {"OTEL_EXPORTER_OTLP_HEADERS": "a=b,Bearer TOPSECRET"}),
+])
+def test_a_header_that_is_not_key_value_is_refused_without_echoing_it(tmp_path, args, env):
+    db = str(tmp_path / "runs.db")
+    scenario_db(db)
+    done = run_otel(db, "--endpoint", "http://127.0.0.1:9/v1/traces", *args, env=env)
+    assert done.returncode == 2
+    assert b"TOPSECRET" not in done.stderr and b"Traceback" not in done.stderr
+    assert b"not key=value" in done.stderr.lower()
