@@ -297,6 +297,7 @@ def otel(endpoint: str | None, protocol: str | None, headers: tuple[str, ...],
     """
     from agentrt_otel import ConfigError, ExportStopped, OTelSink, build_exporter, resolve_config
     from agentrt_otel.complaints import ExporterComplaints
+    from agentrt_otel.config import redacted
 
     settings = settings_from(**kw)
     try:
@@ -309,7 +310,7 @@ def otel(endpoint: str | None, protocol: str | None, headers: tuple[str, ...],
         click.echo(warning, err=True)
     # The SDK logs every failed attempt in several lines; one line per outage,
     # naming the collector and the cause, is written by the sink instead.
-    complaints = ExporterComplaints(config.endpoint).install()
+    complaints = ExporterComplaints(redacted(config.endpoint)).install()
 
     sinks: list[OTelSink] = []
 

@@ -161,6 +161,21 @@ def _shown(value: str, limit: int = 100) -> str:
     return '"' + "".join(out) + ('..."' if len(value) > limit else '"')
 
 
+_USERINFO = re.compile(r"(?<=://)([^/@?#]*)@")
+
+
+def _shown_url(value: str) -> str:
+    return _shown(redacted(value))
+
+
+def redacted(url: str) -> str:
+    """``url`` with the password of its user info, if any, as ``***``: an
+    endpoint is printed in errors and outage lines, a password must not be."""
+    return _USERINFO.sub(
+        lambda m: (m.group(1).split(":", 1)[0] + ":***@") if ":" in m.group(1)
+        else m.group(0), url)
+
+
 def _char(ch: str) -> str:
     """A character named so that it shows: ``U+000A``, ``"€" (U+20AC)``."""
     code = f"U+{ord(ch):04X}"
@@ -393,7 +408,8 @@ def _unprintable(value: str) -> str:
 
 
 def _refuse_endpoint(source: str, value: str, problem: str, example: str) -> ConfigError:
-    return ConfigError(f"otel: {source} {_shown(value)}: {problem}; give a URL such as {example}")
+    return ConfigError(
+        f"otel: {source} {_shown_url(value)}: {problem}; give a URL such as {example}")
 
 
 def _http_endpoint(source: str, value: str, *, append: bool, always: bool = False) -> str:
@@ -422,10 +438,10 @@ def _grpc_endpoint(source: str, value: str) -> str:
     if lowered.startswith(_GRPC_TARGETS):
         scheme, _, rest = value.partition(":")
         if lowered.startswith("dns://") and not lowered.startswith("dns:///"):
-            raise ConfigError(f"otel: {source} {_shown(value)}: the exporter cannot use a DNS "
+            raise ConfigError(f"otel: {source} {_shown_url(value)}: the exporter cannot use a DNS "
                               "server authority; give dns:///host:port")
         if not rest.strip("/"):
-            raise ConfigError(f"otel: {source} {_shown(value)}: a gRPC {scheme}: target needs "
+            raise ConfigError(f"otel: {source} {_shown_url(value)}: a gRPC {scheme}: target needs "
                               "an address after the colon")
         return value
     if "://" in value:
@@ -433,10 +449,10 @@ def _grpc_endpoint(source: str, value: str) -> str:
                                "http or https", "http://localhost:4317")
     checked = _host_port(value)
     if isinstance(checked, str):
-        raise ConfigError(f"otel: {source} {_shown(value)}: {checked}; give host:port or a URL "
+        raise ConfigError(f"otel: {source} {_shown_url(value)}: {checked}; give host:port or a URL "
                           "such as http://localhost:4317")
     if checked[1] is None:
-        raise ConfigError(f"otel: {source} {_shown(value)}: give the port too, such as "
+        raise ConfigError(f"otel: {source} {_shown_url(value)}: give the port too, such as "
                           f"{value}:4317, or a URL")
     return value
 

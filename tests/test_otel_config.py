@@ -417,3 +417,15 @@ def test_a_tls_file_variable_naming_nothing_readable_is_refused(tmp_path, name: 
     pem = tmp_path / "ca.pem"
     pem.write_text("-----BEGIN CERTIFICATE-----\n")
     resolve_config(environ={name: str(pem)})  # a readable file is the SDK's to judge
+
+
+def test_an_endpoint_password_is_never_printed() -> None:
+    from agentrt_otel.config import redacted
+
+    assert redacted("http://user:TOPSECRET@collector:4318/v1/traces") == (
+        "http://user:***@collector:4318/v1/traces")
+    assert redacted("http://token@collector:4318") == "http://token@collector:4318"
+    assert redacted("http://collector:4318/a@b") == "http://collector:4318/a@b"
+    with pytest.raises(ConfigError) as caught:
+        resolve_config(endpoint="http://user:TOPSECRET@collector:99999/", environ={})
+    assert "TOPSECRET" not in str(caught.value) and "user:***@" in str(caught.value)
