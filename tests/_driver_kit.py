@@ -5,7 +5,9 @@ from __future__ import annotations
 import itertools
 from datetime import timedelta
 
-from agentrt.driver import DefaultPolicy, Driver
+import pytest
+
+from agentrt.driver import CancelledError, CancelToken, DefaultPolicy, Driver
 from agentrt.records import Decision, Limits
 from agentrt.store import Store, open_store
 from agentrt.testing import FakeClock, MemoryObserver, ScriptedAgent, static_tool
@@ -56,3 +58,19 @@ def types(store: Store, run_id: str) -> list[str]:
 
 def clock(step: float = 1.0) -> FakeClock:
     return FakeClock(step=timedelta(seconds=step))
+
+
+def stopped_while_deciding(run_id: str = "r") -> tuple[Driver, Store]:
+    """A run whose caller cancelled its token while the agent decided the first
+    step: left RUNNING, lease held, the step ``deciding``, as a driver that
+    stopped there. Its next decision completes it."""
+    token = CancelToken()
+
+    def decide(step: object) -> Decision:
+        token.cancel()
+        raise RuntimeError("stopped")
+
+    d, store, _, _ = make(script=[decide, Decision.complete()])
+    with pytest.raises(CancelledError):
+        d.start("g", limits(), run_id=run_id, cancel=token)
+    return d, store

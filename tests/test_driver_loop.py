@@ -8,7 +8,17 @@ import time
 from datetime import timedelta
 
 import pytest
-from _driver_kit import SCHEMA_N, call, clock, fixture_tools, ids, limits, make, types
+from _driver_kit import (
+    SCHEMA_N,
+    call,
+    clock,
+    fixture_tools,
+    ids,
+    limits,
+    make,
+    stopped_while_deciding,
+    types,
+)
 
 from agentrt.driver import (
     AbortRun,
@@ -461,15 +471,7 @@ def test_cancelled_caller_after_the_tool_keeps_the_observation():
 
 
 def test_cancelled_caller_while_deciding_leaves_the_step_deciding():
-    token = CancelToken()
-
-    def decide(step):
-        token.cancel()
-        raise RuntimeError("interrupted")
-
-    d, store, _, _ = make(script=[decide, Decision.complete()])
-    with pytest.raises(CancelledError):
-        d.start("g", limits(), run_id="r", cancel=token)
+    d, store = stopped_while_deciding()
     assert store.list_steps("r")[0].status == "deciding"
     assert store.get_run("r").status == "RUNNING"
     assert d.resume("r").status == "COMPLETED"

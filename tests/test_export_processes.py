@@ -9,7 +9,6 @@ as it lands, and neither `jsonl` nor `otel` changes the database file.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import pty
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from eventdb import REPO_ROOT, add_run, child_env, make_db
-from store_helpers import file_state, raw
+from store_helpers import file_state, raw, without_file_privileges
 from stress import rounds
 
 from agentrt.store import open_existing, open_store
@@ -438,14 +437,6 @@ def test_a_cursor_in_a_missing_directory_is_refused_before_anything_is_exported(
     assert not (tmp_path / "nodir").exists()
 
 
-def _without_dac_override() -> None:
-    """In the child, before exec: root loses the right to write any directory
-    (CAP_DAC_OVERRIDE leaves its bounding set, so the program exec'd never has it)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(24, 1, 0, 0, 0) != 0:  # PR_CAPBSET_DROP, CAP_DAC_OVERRIDE
-        raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
-
-
 @posix_modes
 def test_a_cursor_in_a_directory_this_user_cannot_write_is_refused_before_exporting(tmp_path):
     db = str(tmp_path / "runs.db")
@@ -455,13 +446,11 @@ def test_a_cursor_in_a_directory_this_user_cannot_write_is_refused_before_export
     cursor = str(locked / "cur")
     env = child_env()
     env.pop("AGENTRT_DB", None)
+    prefix = without_file_privileges()  # root, too, meets the directory's mode
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "agentrt_export.cli", "jsonl", "--db", db, "--cursor-file",
-             cursor], capture_output=True, env=env, cwd=REPO_ROOT, timeout=60,
-            preexec_fn=_without_dac_override if os.geteuid() == 0 else None)
-    except subprocess.SubprocessError as exc:
-        pytest.skip(f"root cannot give up CAP_DAC_OVERRIDE here: {exc}")
+            [*prefix, sys.executable, "-m", "agentrt_export.cli", "jsonl", "--db", db,
+             "--cursor-file", cursor], capture_output=True, env=env, cwd=REPO_ROOT, timeout=60)
     finally:
         locked.chmod(0o700)
     sentence = one_error_line(done)

@@ -8,11 +8,9 @@ import time
 from datetime import timedelta
 
 import pytest
-from _driver_kit import call, limits, make, types
+from _driver_kit import call, limits, make, stopped_while_deciding, types
 
 from agentrt.driver import (
-    CancelledError,
-    CancelToken,
     FuncTool,
     Message,
     ModelConfig,
@@ -287,15 +285,7 @@ def test_one_driver_refuses_a_second_call_on_its_run():
 
 
 def test_a_takeover_of_the_drivers_own_expired_lease_is_recorded():
-    token = CancelToken()
-
-    def decide(step):
-        token.cancel()
-        raise RuntimeError("stopped")
-
-    d, store, _, _ = make(script=[decide, Decision.complete()])
-    with pytest.raises(CancelledError):
-        d.start("g", limits(), run_id="r", cancel=token)
+    d, store = stopped_while_deciding()
     with store.tx() as tx:  # as if this driver had crashed holding the lease
         tx.execute("UPDATE runs SET lease_owner = ?, lease_expires_at = '2020-01-01T00:00:00Z'",
                    (d.owner,))

@@ -17,7 +17,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from _driver_kit import call, fixture_tools, limits, make, types
+from _driver_kit import call, fixture_tools, limits, make, stopped_while_deciding, types
 from store_helpers import build_old_database
 
 from agentrt import canonical_json, content_hash
@@ -611,15 +611,7 @@ def test_a_tool_outcome_after_a_cancel_is_appended_late(outcome, terminal, obser
 # 9. INTERRUPTED is accepted like RUNNING by Resume and Cancel (§1).
 
 def interrupted_run():
-    token = CancelToken()
-
-    def stopped(step):
-        token.cancel()
-        raise RuntimeError("gone")
-
-    d, store, _, _ = make(script=[stopped, Decision.complete()])
-    with pytest.raises(CancelledError):
-        d.start("g", limits(), run_id="r", cancel=token)
+    d, store = stopped_while_deciding()
     with store.tx() as tx:
         tx.execute("UPDATE runs SET status = 'INTERRUPTED' WHERE id = 'r'")
     assert store.get_run("r").status == "INTERRUPTED"
