@@ -4,15 +4,27 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench bench-quick fixtures stress lint typecheck clean
+.PHONY: install constraints demo test bench bench-quick fixtures stress lint typecheck clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --upgrade -c constraints.txt pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
+
+# Resolve pyproject.toml's ranges afresh and pin what they give (see constraints.txt).
+PINS := .venv-pins
+constraints:
+	rm -rf $(PINS) && $(PYTHON) -m venv $(PINS)
+	$(PINS)/bin/python -m pip install --quiet --upgrade pip
+	$(PINS)/bin/python -m pip install --quiet -e '.[dev]'
+	{ grep '^#' constraints.txt; \
+	  $(PINS)/bin/python -m pip freeze --all --exclude-editable --exclude setuptools; \
+	} > constraints.txt.new
+	mv constraints.txt.new constraints.txt
+	rm -rf $(PINS)
 
 demo: install
 	$(BIN)/python -m agentrt.demo demo.db
@@ -39,4 +51,4 @@ typecheck: install
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info demo.db*
+	rm -rf $(VENV) $(PINS) .pytest_cache .mypy_cache .ruff_cache *.egg-info demo.db*
