@@ -866,3 +866,23 @@ def test_a_decision_on_a_damaged_run_row_is_one_sentence_and_changes_nothing(
     else:
         assert "does not decode" in result.stderr and "nothing was changed" in result.stderr
     assert snapshot(ops.path) == before
+
+
+@pytest.mark.parametrize(("column", "value", "named"), [
+    ("expires_at", "garbage", "expires_at: time 'garbage' is not RFC 3339"),
+    ("created_at", "garbage", "created_at: time 'garbage' is not RFC 3339"),
+    ("request_json", "{", "request: ")])
+@pytest.mark.parametrize("command", ["approve", "reject"])
+def test_a_decision_on_a_damaged_approval_names_the_column_and_changes_nothing(
+        ops, column, value, named, command):
+    conn = apsw.Connection(ops.path)
+    conn.execute(f"UPDATE approvals SET {column} = ? WHERE id = ?", (value, ops.approval))
+    conn.close()
+    before = snapshot(ops.path)
+    args = ("--yes",) if command == "approve" else ()
+    result = invoke("--db", ops.path, command, ops.waiting, "--approval", ops.approval, *args,
+                    "--by", "op")
+    assert result.code == 1, result.stderr
+    assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
+    assert f"approval {ops.approval} does not decode: {named}" in result.stderr
+    assert snapshot(ops.path) == before

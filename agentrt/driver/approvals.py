@@ -92,7 +92,8 @@ def _expired_text(a: Approval) -> str:
 def verify_hash(a: Approval) -> None:
     """Refuse an approval whose stored hash is not the hash of its stored request."""
     if a.decode_error or a.request is None:
-        raise ApprovalHashError(f"approval {a.id} does not decode")
+        raise ApprovalHashError(
+            f"approval {a.id} does not decode: {a.decode_error or 'it has no request'}")
     try:
         digest = approval_hash(a.kind, a.capability, a.presentation, a.request)
     except (ValueError, TypeError) as exc:
