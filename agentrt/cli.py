@@ -560,6 +560,23 @@ def _write_result(out: Out, done: str, write: Callable[[], None]) -> None:
             sanitize(f"{done}, but writing the result failed: {cause}")) from None
 
 
+def _show_before_deciding(out: Out, verb: str, block: Iterable[str]) -> None:
+    """Print the approval a decision will be bound to. What could not be shown
+    is not decided: a reader that went away (a closed pipe) fails the command
+    here, where for a listing or a result it ends it quietly."""
+    try:
+        for line in block:
+            out.line(line)
+        out.flush()
+    except OSError as exc:
+        if sys.stdout is not None:
+            silence_stdout()
+        cause = exc.strerror or str(exc)
+        raise click.ClickException(
+            f"{verb}: the approval could not be shown ({cause}), so nothing was decided; "
+            "run it again with its output going where it can be read") from None
+
+
 def _decide(verb: str, run_id: str, approval_id: str | None, yes: bool, by: str | None,
             note: str, db: str | None, as_json: bool) -> None:
     s = settings(db, as_json)
@@ -571,9 +588,7 @@ def _decide(verb: str, run_id: str, approval_id: str | None, yes: bool, by: str 
     with opened(s, write=True, echoed=(run_id, approval_id or "")) as store:
         a = view.pending_approval(store, run_id, approval_id or "")
         if not s.as_json:
-            for line in approval_block(a, reason=_reason(store, a)):
-                out.line(line)
-            out.flush()
+            _show_before_deciding(out, verb, approval_block(a, reason=_reason(store, a)))
         if ask and not _confirm(verb, a):
             raise click.ClickException(f"{verb}: declined at the prompt")
         decide = view.approve_shown if verb == "approve" else view.reject_shown

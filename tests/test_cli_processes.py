@@ -302,13 +302,28 @@ def test_a_decision_whose_result_cannot_be_written_says_it_was_recorded(
     assert (run.status, run.reason, approval.status) == expected
 
 
-def test_an_approval_block_that_cannot_be_written_decides_nothing(ops):
-    """The block is printed before deciding: if it cannot be, nothing is decided."""
+@pytest.mark.parametrize(("verb", "stdout", "cause"), [
+    ("approve", "full", "No space left on device"),
+    ("approve", "reader gone", "Broken pipe"),
+    ("reject", "reader gone", "Broken pipe"),
+    ("reject", "closed", "standard output is closed"),
+])
+def test_an_approval_block_that_cannot_be_shown_decides_nothing(ops, verb, stdout, cause):
+    """The block is printed before deciding: if it cannot be, even to a reader
+    that went away (where a listing ends quietly), nothing is decided."""
     before = snapshot(ops["db"])
-    with open("/dev/full", "wb") as full:
-        result = _agentrt("--db", ops["db"], "approve", ops["waiting"], "--yes", stdout=full)
-    assert (result.returncode, result.stderr) == (
-        1, b"error: writing output: No space left on device\n")
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # a pipe whose reader has gone, as in `agentrt approve ... | true`
+    try:
+        with open("/dev/full", "wb") as full:
+            sink = {"full": full, "reader gone": write_end, "closed": None}[stdout]
+            result = _agentrt("--db", ops["db"], verb, ops["waiting"], "--yes", stdout=sink,
+                              close_stdout=stdout == "closed")
+    finally:
+        os.close(write_end)
+    assert (result.returncode, result.stderr.decode()) == (1, (
+        f"error: {verb}: the approval could not be shown ({cause}), so nothing was decided; "
+        "run it again with its output going where it can be read\n"))
     assert snapshot(ops["db"]) == before
 
 
