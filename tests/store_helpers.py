@@ -6,11 +6,13 @@ writes live elsewhere), so each test states exactly what the table holds.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import stat
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -150,3 +152,28 @@ def without_file_privileges() -> list[str]:
                                          capture_output=True).returncode != 0:
         pytest.skip("root bypasses file modes and setpriv cannot drop that here")
     return [setpriv, *DROP_FILE_CAPS]
+
+
+@contextlib.contextmanager
+def read_only_mount(directory: str) -> Iterator[Callable[[], None]]:
+    """A small tmpfs at ``directory``, and the call that remounts it read-only.
+
+    Mounting needs root and a kernel that lets this process mount: the test is
+    skipped where either is missing (an environment guard; CI runs as root)."""
+    import pytest
+
+    os.makedirs(directory, exist_ok=True)
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        pytest.skip("mounting a read-only file system needs root")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "tmpfs",
+                              directory], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+
+    def remount_read_only() -> None:
+        subprocess.run(["mount", "-o", "remount,ro", directory], check=True)
+
+    try:
+        yield remount_read_only
+    finally:
+        subprocess.run(["umount", "-l", directory], check=False)

@@ -19,6 +19,7 @@ from store_helpers import (
     insert_run,
     mode_of,
     raw,
+    read_only_mount,
     without_file_privileges,
 )
 
@@ -659,3 +660,28 @@ def test_public_names():
                  "SymlinkError", "ApprovalHashError", "ApprovalExpiredError"):
         assert issubclass(getattr(agentrt, name), agentrt.AgentrtError)
     assert issubclass(agentrt.RunLeasedError, agentrt.RunStateError)
+
+
+def test_a_database_on_a_read_only_file_system_is_read_and_writers_are_told_to_remount(
+        tmp_path):
+    """No -shm can be made there, so no writer can be live: the reader opens the
+    file immutable, as in a directory it cannot write. Writers get the fix that
+    applies (remount or copy), not the chmod that os.access would suggest."""
+    mount = str(tmp_path / "mnt")
+    path = os.path.join(mount, "ro.db")
+    with read_only_mount(mount) as remount_read_only:
+        with open_store(path) as store:
+            fill(store, runs=2, events=3)
+        assert sorted(os.listdir(mount)) == ["ro.db"]  # a clean close leaves no -wal or -shm
+        before = file_state(path)
+        remount_read_only()
+        with open_existing(path) as reader:
+            assert sorted(r.id for r in reader.list_runs()) == ["r0", "r1"]
+            assert len(reader.list_events_after("", 0, 100)) == 6
+        for opener in (lambda: open_store(path), lambda: open_existing(path, read_only=False)):
+            with pytest.raises(StoreOpenError) as refused:
+                opener()
+            assert str(refused.value) == (
+                f"agentrt: open store: {path} is on a read-only file system and this needs "
+                "to write it: copy it to a writable one, or remount that one read-write")
+        assert sorted(os.listdir(mount)) == ["ro.db"] and file_state(path) == before

@@ -220,24 +220,37 @@ def _directory_of(path: str) -> str:
     return os.path.dirname(os.path.abspath(path))
 
 
+def _on_read_only_fs(path: str) -> bool:
+    """Whether the file system holding ``path`` is mounted read-only."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        return False
+
+
+def _read_only_fs_sentence(path: str) -> str:
+    return (f"{path} is on a read-only file system and this needs to write it: copy it "
+            "to a writable one, or remount that one read-write")
+
+
 def _read_only_file(path: str) -> str | None:
     """The sentence for a database this user cannot write, or None when it can."""
     try:
         st = os.stat(path)
         if os.access(path, os.W_OK):
             return None
-        on_read_only_fs = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
-    except (OSError, AttributeError):
+    except OSError:
         return None
-    if on_read_only_fs:
-        return (f"{path} is on a read-only file system and this needs to write it: copy it "
-                "to a writable one, or remount that one read-write")
+    if _on_read_only_fs(path):
+        return _read_only_fs_sentence(path)
     return (f"{path} is read-only to this user ({stat.filemode(st.st_mode)}, owner uid "
             f"{st.st_uid}) and this needs to write it: {_owner_fix(path, st)}")
 
 
 def _unopenable(path: str, *, write: bool) -> str | None:
     """Permission denied on the database (or a -wal/-shm beside it), said with the fix."""
+    if write and os.path.exists(path) and _on_read_only_fs(path):
+        return _read_only_fs_sentence(path)  # os.access says no, but chmod is not the fix
     for name, wanted in ((path, os.R_OK | (os.W_OK if write else 0)),
                          (path + "-wal", os.R_OK | os.W_OK), (path + "-shm", os.R_OK | os.W_OK)):
         try:
@@ -347,12 +360,13 @@ def open_reader(path: str, read_only: bool) -> tuple[apsw.Connection, apsw.Conne
             raise StoreOpenError(refusal or f"{path} can only be opened read-only")
         try:
             refuse_unsafe_schema(conns[0], path)
-        except apsw.ReadOnlyError as exc:
-            if not read_only or _extended(exc) != apsw.SQLITE_READONLY_DIRECTORY:
+        except (apsw.ReadOnlyError, apsw.CantOpenError) as exc:
+            if not (read_only and _cannot_make_shm(path, exc)):
                 raise
             # A WAL database without its -shm in a directory this user cannot
-            # write: no writer can be live either (it could not create the
-            # -wal), so the file is read as immutable.
+            # write, or on a read-only file system: no writer can be live
+            # either (it could not create the -shm), so the file is read as
+            # immutable.
             close_quietly(conns.pop())
             conns.append(connect(sqlite_uri(path, {"mode": "ro", "immutable": "1"}),
                                  write=False))
@@ -366,6 +380,13 @@ def open_reader(path: str, read_only: bool) -> tuple[apsw.Connection, apsw.Conne
         if not read_only:
             conns.append(connect(sqlite_uri(path, params), write=True))
     return conns[0], (conns[1] if len(conns) > 1 else None)
+
+
+def _cannot_make_shm(path: str, exc: apsw.Error) -> bool:
+    """Whether a read-only open failed only because no -shm could be made."""
+    if isinstance(exc, apsw.ReadOnlyError):
+        return _extended(exc) == apsw.SQLITE_READONLY_DIRECTORY
+    return not os.path.exists(path + "-shm") and _on_read_only_fs(path)
 
 
 def _extended(exc: apsw.Error) -> int:
