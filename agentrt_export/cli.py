@@ -209,7 +209,20 @@ def run_follower(
         except apsw.Error as exc:
             raise _failure(f"reading {settings.db}: {exc}") from None
         except OSError as exc:
-            raise _failure(f"writing events: {exc.strerror or exc}") from None
+            raise _failure(f"writing events to standard output: {exc.strerror or exc}; "
+                           f"{_resumes(cursor)}") from None
+
+
+def _resumes(cursor: Cursor | None) -> str:
+    """Where the next start resumes, after output failed part way."""
+    if not isinstance(cursor, FileCursor):
+        return "no cursor file was given, so nothing was saved"
+    try:
+        seq = cursor.load()
+    except Exception:  # the sentence is about the output; the cursor speaks for itself later
+        return f"the cursor is in {cursor.path}"
+    return (f"{cursor.path} holds seq {seq}: the next start writes the events after it, "
+            "completing a record cut short in a file it appends to")
 
 
 def _failure(sentence: str) -> click.ClickException:
@@ -256,7 +269,11 @@ def jsonl(**kw: Any) -> None:
     deduplicate on it.
     """
     settings = settings_from(**kw)
-    run_follower(settings, lambda store, stop: JSONLSink(sys.stdout.buffer))
+    run_follower(settings, lambda store, stop: JSONLSink(sys.stdout.buffer, on_mend=_note))
+
+
+def _note(sentence: str) -> None:
+    click.echo(f"agentrt-export: {sentence}", err=True)
 
 
 def _parse_headers(values: tuple[str, ...]) -> dict[str, str] | None:

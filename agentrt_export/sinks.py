@@ -6,8 +6,11 @@ the cursor before that event, so the next start hands it over again.
 
 from __future__ import annotations
 
+import fcntl
+import io
 import os
-from collections.abc import Sequence
+import stat
+from collections.abc import Callable, Sequence
 from typing import IO
 
 from agentrt.errors import described
@@ -31,9 +34,15 @@ class JSONLSink:
     before the cursor moves past the page. Called per event, records are
     buffered by the stream until :meth:`flush`. The first failure is kept:
     every later event, page and flush raises it again.
+
+    Appending to a file that an earlier write left torn (it does not end in a
+    newline), the first write completes the record cut short, or ends a line
+    that is not that record with a newline; ``on_mend`` is told which, in one
+    sentence.
     """
 
-    def __init__(self, stream: IO[bytes] | IO[str]) -> None:
+    def __init__(self, stream: IO[bytes] | IO[str], *,
+                 on_mend: Callable[[str], None] | None = None) -> None:
         if not callable(getattr(stream, "write", None)):
             hint = (": open the file first, such as open(path, 'ab')"
                     if isinstance(stream, (str, bytes, os.PathLike)) else "")
@@ -42,12 +51,42 @@ class JSONLSink:
         if getattr(stream, "closed", False) is True:
             raise FollowError(f"JSONLSink was given a closed stream ({described(stream)}): "
                               "pass one that is open for writing")
+        self._stream = stream
         self._out = LineWriter(stream, flush_each=False)
         self._write = self._out.write
+        self._mended = False
+        self._on_mend = on_mend
 
     def __call__(self, event: Event) -> None:
         """Write ``event``'s record; raise the write failure, if any."""
-        self._write(jsonl_record(event))
+        record = jsonl_record(event)
+        if not self._mended:
+            record, _ = self._mend(record)
+        self._write(record)
+
+    def _mend(self, data: bytes) -> tuple[bytes, int]:
+        """What to write instead of ``data`` so that the file it goes to holds
+        whole lines, and how many bytes of ``data`` the file holds already.
+
+        Checked once, before the first write. A file that does not end in a
+        newline holds the start of a record a write cut short (a full disk, a
+        file size limit): the cursor stayed before that record, so it comes
+        first again, and only its rest is written. A tail that is not the
+        start of ``data`` is ended with a newline, so it spoils no record.
+        """
+        self._mended = True
+        tail = torn_tail(self._stream)
+        if not tail:
+            return data, 0
+        if data.startswith(tail):
+            if self._on_mend is not None:
+                self._on_mend(f"the output ended in the first {len(tail)} bytes of the next "
+                              "record, cut short by an earlier write; wrote the rest of it")
+            return data[len(tail):], len(tail)
+        if self._on_mend is not None:
+            self._on_mend(f"the output ended in an unfinished line of {len(tail)} bytes that "
+                          "is not the next record; ended it with a newline")
+        return b"\n" + data, -1
 
     def handle_page(self, events: Sequence[Event]) -> None:
         """Write the records of a page at once and flush them; raise the failure, if any.
@@ -59,10 +98,13 @@ class JSONLSink:
         so the cursor moves past them and a restart writes none of them twice.
         """
         records = [jsonl_record(e) for e in events]
+        data, held = b"".join(records), 0
+        if not self._mended:
+            data, held = self._mend(data)
         try:
-            self._out.write_through(b"".join(records))
+            self._out.write_through(data)
         except Exception as exc:
-            accepted, arrived = 0, self._out.arrived
+            accepted, arrived = 0, self._out.arrived + held
             for record in records:
                 arrived -= len(record)
                 if arrived < 0:
@@ -79,3 +121,53 @@ class JSONLSink:
     def err(self) -> Exception | None:
         """The first write or flush failure, or None."""
         return self._out.err()
+
+
+#: How far back :func:`torn_tail` looks for the newline before a torn record.
+_TAIL_LIMIT = 16 << 20
+
+
+def torn_tail(stream: object) -> bytes:
+    """The bytes after the last newline of the regular file ``stream`` writes
+    at the end of, or b'' when it ends in a newline, is empty, is not a binary
+    stream over a regular file, or cannot be read back.
+
+    Standard output opened with ``>>`` is write-only, so the file is read
+    through a descriptor of its own (``/proc/self/fd`` on Linux).
+    """
+    try:
+        if isinstance(stream, io.TextIOBase):
+            return b""
+        fileno = getattr(stream, "fileno", None)
+        if fileno is None:
+            return b""
+        flush = getattr(stream, "flush", None)
+        if flush is not None:
+            flush()
+        fd = int(fileno())
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+            return b""
+        if not (fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND) \
+                and os.lseek(fd, 0, os.SEEK_CUR) != st.st_size:
+            return b""  # writing over the middle of a file: not a tail to mend
+        reader = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)
+    except (OSError, ValueError):
+        return b""
+    try:
+        end = os.fstat(reader).st_size
+        tail = b""
+        while len(tail) < _TAIL_LIMIT and len(tail) < end:
+            start = max(0, end - len(tail) - 65536)
+            chunk = os.pread(reader, end - len(tail) - start, start)
+            if not chunk:
+                return b""
+            cut = chunk.rfind(b"\n")
+            if cut >= 0:
+                return chunk[cut + 1:] + tail
+            tail = chunk + tail
+        return tail if len(tail) == end else b""  # no newline within reach: leave it
+    except OSError:
+        return b""
+    finally:
+        os.close(reader)

@@ -53,7 +53,9 @@ def test_agentrt_output_to_a_full_disk_is_one_sentence_and_exit_1(db, args):
 @pytest.mark.parametrize(("command", "args", "said"), [
     ("agentrt", ("runs",), "error: writing output: standard output is closed"),
     ("agentrt", ("--help",), "error: writing output: standard output is closed"),
-    ("agentrt-export", ("jsonl",), "error: writing events: standard output is closed"),
+    ("agentrt-export", ("jsonl",), "error: writing events to standard output: standard "
+                                   "output is closed; no cursor file was given, so nothing "
+                                   "was saved"),
 ])
 def test_a_closed_stdout_is_one_sentence_and_exit_1(db, command, args, said):
     code, err = run(command, *((*args, "--db", db) if command == "agentrt-export"

@@ -658,7 +658,10 @@ def test_a_disk_that_fills_mid_page_moves_the_cursor_past_the_whole_records_writ
             stdout=out, stderr=subprocess.PIPE, env=child_env(), cwd=REPO_ROOT, timeout=60,
             preexec_fn=_file_size_limit(limit))
     assert done.returncode == 1
-    assert done.stderr.decode().strip() == "error: writing events: File too large"
+    assert done.stderr.decode().strip() == (
+        f"error: writing events to standard output: File too large; {cursor} holds seq "
+        f"{seqs_of(first)[-1]}: the next start writes the events after it, completing a "
+        "record cut short in a file it appends to")
     written = seqs_of(first)
     assert first.stat().st_size == limit and 0 < len(written) < 400
     assert cursor.read_text() == f"{written[-1]}\n"  # after the whole records, not before the page
@@ -669,3 +672,56 @@ def test_a_disk_that_fills_mid_page_moves_the_cursor_past_the_whole_records_writ
             stdout=out, stderr=subprocess.PIPE, env=child_env(), cwd=REPO_ROOT, timeout=60)
     assert again.returncode == 0, again.stderr
     assert written + seqs_of(second) == list(range(1, 401))  # each once: the torn one again
+
+
+def _export(db: str, out_path: Path, *args: str, mode: str = "ab",
+            limit: int | None = None) -> subprocess.CompletedProcess[bytes]:
+    with open(out_path, mode) as out:
+        return subprocess.run(
+            [sys.executable, "-m", "agentrt_export.cli", "jsonl", "--db", db, *args],
+            stdout=out, stderr=subprocess.PIPE, env=child_env(), cwd=REPO_ROOT, timeout=60,
+            preexec_fn=None if limit is None else _file_size_limit(limit))
+
+
+def test_a_restart_appending_to_a_file_completes_the_record_a_full_disk_cut_short(tmp_path):
+    """`agentrt-export jsonl >> file` after a write cut a record short: the file
+    ends up byte for byte what one uninterrupted export writes, not a record
+    glued to the torn one (which a line-based shipper would lose)."""
+    db = str(tmp_path / "runs.db")
+    make_db(db, runs=4, events_per_run=100).close()
+    cursor, out, whole = tmp_path / "cursor", tmp_path / "out.jsonl", tmp_path / "whole.jsonl"
+    assert _export(db, whole, mode="wb").returncode == 0
+    cut = _export(db, out, "--cursor-file", str(cursor), "--page-size", "400", limit=40_000)
+    assert cut.returncode == 1 and not out.read_bytes().endswith(b"\n")
+    torn = len(out.read_bytes()) - out.read_bytes().rindex(b"\n") - 1
+    again = _export(db, out, "--cursor-file", str(cursor))
+    assert again.returncode == 0, again.stderr
+    assert again.stderr.decode() == (
+        f"agentrt-export: the output ended in the first {torn} bytes of the next record, cut "
+        "short by an earlier write; wrote the rest of it\n")
+    assert out.read_bytes() == whole.read_bytes()
+
+
+def test_an_unfinished_line_that_is_not_the_next_record_is_ended_before_it(tmp_path):
+    db = str(tmp_path / "runs.db")
+    make_db(db, runs=1, events_per_run=3).close()
+    out, whole = tmp_path / "out.jsonl", tmp_path / "whole.jsonl"
+    assert _export(db, whole, mode="wb").returncode == 0
+    out.write_bytes(b'{"seq":1,"other":')
+    done = _export(db, out)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.decode() == (
+        "agentrt-export: the output ended in an unfinished line of 17 bytes that is not the "
+        "next record; ended it with a newline\n")
+    assert out.read_bytes() == b'{"seq":1,"other":\n' + whole.read_bytes()
+
+
+def test_a_file_that_ends_in_a_newline_is_appended_to_as_it_is(tmp_path):
+    db = str(tmp_path / "runs.db")
+    make_db(db, runs=1, events_per_run=3).close()
+    out, whole = tmp_path / "out.jsonl", tmp_path / "whole.jsonl"
+    assert _export(db, whole, mode="wb").returncode == 0
+    out.write_bytes(b'{"earlier":true}\n')
+    done = _export(db, out)
+    assert (done.returncode, done.stderr) == (0, b"")
+    assert out.read_bytes() == b'{"earlier":true}\n' + whole.read_bytes()

@@ -164,3 +164,35 @@ def test_a_raw_stream_that_would_block_is_a_failure_not_a_delivery(tmp_path):
     with pytest.raises(BlockingIOError):
         Follower(store, cursor=cursor, once=True).follow(JSONLSink(WouldBlock()))
     assert cursor.load() == 0  # nothing was written, so nothing counts as delivered
+
+
+@pytest.mark.parametrize("per_event", [False, True])
+def test_jsonl_sink_completes_a_record_an_earlier_write_cut_short(tmp_path, per_event):
+    whole = b"".join(jsonl_record(e) for e in EVENTS)
+    path = tmp_path / "out.jsonl"
+    path.write_bytes(whole[:10])  # the first record, torn
+    notes: list[str] = []
+    with open(path, "ab") as out:
+        sink = JSONLSink(out, on_mend=notes.append)
+        if per_event:
+            for e in EVENTS:
+                sink(e)
+            sink.flush()
+        else:
+            sink.handle_page(EVENTS)
+    assert path.read_bytes() == whole
+    assert notes == ["the output ended in the first 10 bytes of the next record, cut short "
+                     "by an earlier write; wrote the rest of it"]
+
+
+def test_jsonl_sink_mends_only_a_regular_file_it_writes_at_the_end_of(tmp_path):
+    record = jsonl_record(EVENTS[0])
+    path = tmp_path / "out.jsonl"
+    path.write_bytes(record[:10] + b"0123456789")
+    with open(path, "r+b") as out:  # writing over the start: nothing is appended
+        JSONLSink(out).handle_page(EVENTS[:1])
+    assert path.read_bytes() == record
+    text = io.StringIO()
+    text.write('{"torn"')
+    JSONLSink(text).handle_page(EVENTS[:1])  # a text stream is written as it is
+    assert text.getvalue() == '{"torn"' + record.decode()
