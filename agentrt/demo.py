@@ -17,10 +17,13 @@ import subprocess
 import sys
 from datetime import timedelta
 
+import apsw
+
 from agentrt.driver import DefaultPolicy, Driver, FuncTool, ToolCall, ToolResult, approve
 from agentrt.errors import AgentrtError
 from agentrt.records import Decision, Limits, Run
 from agentrt.store import Store, open_store
+from agentrt.store.opening import sqlite_failure
 from agentrt.testing import ScriptedAgent
 
 __all__ = ["DEMO_SCRIPT", "demo_tools", "main", "run_demo"]
@@ -127,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         store, run = run_demo(path)
     except (AgentrtError, OSError) as exc:
         print(f"demo: cannot record into {path}: {exc}", file=sys.stderr)
+        return 1
+    except apsw.Error as exc:  # a full disk, an I/O error: said as the operator command says it
+        said = sqlite_failure(path, exc, write=True) or f"cannot record into {path}: {exc}"
+        print(f"demo: {said}", file=sys.stderr)
         return 1
     store.close()
     _print(path, run)

@@ -155,7 +155,7 @@ def without_file_privileges() -> list[str]:
 
 
 @contextlib.contextmanager
-def read_only_mount(directory: str) -> Iterator[Callable[[], None]]:
+def tmpfs_mount(directory: str, size: str = "8m") -> Iterator[Callable[[], None]]:
     """A small tmpfs at ``directory``, and the call that remounts it read-only.
 
     Mounting needs root and a kernel that lets this process mount: the test is
@@ -164,8 +164,8 @@ def read_only_mount(directory: str) -> Iterator[Callable[[], None]]:
 
     os.makedirs(directory, exist_ok=True)
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        pytest.skip("mounting a read-only file system needs root")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "tmpfs",
+        pytest.skip("mounting a small file system needs root")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs",
                               directory], capture_output=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
@@ -177,3 +177,14 @@ def read_only_mount(directory: str) -> Iterator[Callable[[], None]]:
         yield remount_read_only
     finally:
         subprocess.run(["umount", "-l", directory], check=False)
+
+
+def fill_up(directory: str) -> None:
+    """Fill the file system holding ``directory`` to the last byte."""
+    with open(os.path.join(directory, "filler"), "wb", buffering=0) as f:
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0" * 4096)
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0")

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import apsw
 import pytest
 from _cli_kit import HUGE_GOAL_CHARS, Kit, child_env, make_runs_db, run_child, snapshot
-from store_helpers import without_file_privileges
+from store_helpers import fill_up, tmpfs_mount, without_file_privileges
 
 from agentrt.gojson import dumps
 from agentrt.records import approval_hash
@@ -466,3 +466,33 @@ def test_a_database_another_process_holds_locked_says_so(ops):
         "lock and kept it past the 5 s busy timeout; nothing was changed, try again when it "
         "has finished\n")
     assert snapshot(ops["db"]) == before
+
+
+@pytest.mark.parametrize("verb", ["cancel", "approve", "reject"])
+def test_a_decision_on_a_full_disk_is_one_sentence_and_changes_nothing(tmp_path, verb):
+    mount = str(tmp_path / "mnt")
+    with tmpfs_mount(mount, size="1m"):
+        kit = Kit(os.path.join(mount, "ops.db"))
+        waiting = kit.waiting()
+        approval = kit.store.list_approvals(waiting.id)[0]
+        kit.close()
+        # A reader keeps the -wal and -shm in place, so the write is what meets the full disk.
+        keeper = apsw.Connection(kit.path, flags=apsw.SQLITE_OPEN_READONLY)
+        keeper.execute("SELECT COUNT(*) FROM events").fetchall()
+        try:
+            fill_up(mount)
+            before = snapshot(kit.path)
+            args = ["--approval", approval.id, "--yes"] if verb != "cancel" else []
+            result = _agentrt("--db", kit.path, verb, waiting.id, *args, "--by", "op")
+            assert result.returncode == 1, result.stderr
+            assert result.stderr.decode() == (
+                f"error: {kit.path}: the file system holding it is full, so the transaction "
+                "was rolled back (the database is as it was before it); free space there and "
+                "try again\n")
+            assert snapshot(kit.path) == before
+        finally:
+            keeper.close()
+        os.remove(os.path.join(mount, "filler"))
+        with open_existing(kit.path) as store:
+            assert store.get_run(waiting.id).status == "WAITING_FOR_APPROVAL"
+            assert store.verify_events().intact

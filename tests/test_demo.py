@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from store_helpers import tmpfs_mount
+
 from agentrt.store import open_existing
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,3 +47,13 @@ def test_the_demo_says_what_went_wrong_in_one_line(tmp_path):
     assert done.returncode == 1
     assert done.stderr.startswith("demo: cannot record into ")
     assert "Traceback" not in done.stderr
+
+
+def test_the_demo_on_a_full_disk_says_so_in_one_line(tmp_path):
+    mount = str(tmp_path / "mnt")
+    with tmpfs_mount(mount, size="140k"):  # room for the schema, not for the scenario
+        done = run_demo(Path(mount) / "demo.db")
+    assert done.returncode == 1
+    assert done.stderr == (
+        f"demo: {mount}/demo.db: the file system holding it is full, so the transaction was "
+        "rolled back (the database is as it was before it); free space there and try again\n")

@@ -19,7 +19,7 @@ from store_helpers import (
     insert_run,
     mode_of,
     raw,
-    read_only_mount,
+    tmpfs_mount,
     without_file_privileges,
 )
 
@@ -669,7 +669,7 @@ def test_a_database_on_a_read_only_file_system_is_read_and_writers_are_told_to_r
     applies (remount or copy), not the chmod that os.access would suggest."""
     mount = str(tmp_path / "mnt")
     path = os.path.join(mount, "ro.db")
-    with read_only_mount(mount) as remount_read_only:
+    with tmpfs_mount(mount) as remount_read_only:
         with open_store(path) as store:
             fill(store, runs=2, events=3)
         assert sorted(os.listdir(mount)) == ["ro.db"]  # a clean close leaves no -wal or -shm

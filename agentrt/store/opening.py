@@ -271,6 +271,12 @@ def sqlite_failure(path: str, exc: apsw.Error, *, write: bool) -> str | None:
     (permissions, a read-only file or directory, another process's lock): what
     happened and the fix. None for the others, which are said as SQLite says them.
     """
+    if isinstance(exc, apsw.FullError):
+        return (f"{path}: the file system holding it is full, so the transaction was rolled "
+                "back (the database is as it was before it); free space there and try again")
+    if isinstance(exc, apsw.IOError):
+        return (f"{path}: disk I/O error ({exc}); check the file system holding it (full, "
+                "read-only or failing), then run agentrt verify")
     if isinstance(exc, (apsw.BusyError, apsw.LockedError)):
         return (f"{path} is locked: another process holds its write lock and kept it past "
                 f"the {BUSY_TIMEOUT_MS / 1000:g} s busy timeout; nothing was changed, try "
