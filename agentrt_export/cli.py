@@ -32,6 +32,7 @@ from agentrt_export.follower import (
     MAX_PAGE_SIZE,
     Follower,
     Sink,
+    file_identity,
 )
 from agentrt_export.sinks import JSONLSink
 
@@ -169,6 +170,7 @@ def run_follower(
         raise _failure(schema_sentence(settings.db, exc)) from None
     except AgentrtError as exc:
         raise _failure(str(exc)) from None
+    opened = file_identity(settings.db)
     with store:
         cursor: Cursor | None = None
         if settings.cursor_file is not None:
@@ -207,10 +209,26 @@ def run_follower(
                 return
             raise _failure(str(exc)) from None
         except apsw.Error as exc:
-            raise _failure(f"reading {settings.db}: {exc}") from None
+            raise _failure(f"reading {settings.db}: {exc}{_swapped(settings.db, opened)}"
+                           ) from None
         except OSError as exc:
             raise _failure(f"writing events to standard output: {exc.strerror or exc}; "
                            f"{_resumes(cursor)}") from None
+
+
+def _swapped(path: str, opened: tuple[int, int] | None) -> str:
+    """What a read error may really mean: the file was replaced or emptied while
+    it was followed (a restore, a copy over it), which SQLite reports as a
+    malformed or empty database although the new file may be sound."""
+    now = file_identity(path)
+    if opened is None or now is None:
+        return ""
+    if now != opened:
+        return ("; the file was replaced while it was followed: start again to follow the "
+                "new one, after checking that the cursor belongs to it")
+    if os.path.getsize(path) == 0:
+        return "; the file was emptied while it was followed"
+    return ""
 
 
 def _resumes(cursor: Cursor | None) -> str:

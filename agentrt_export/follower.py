@@ -262,11 +262,15 @@ class Follower:
             raise FollowError(f"stop is {_described(stop)}, not a threading.Event or None")
         stop = stop if stop is not None else threading.Event()
         seq = self._start_seq()
+        path = os.path.abspath(self.store.path)  # the file now, whatever chdir comes later
+        opened = file_identity(path)
         waiter: ChangeWaiter | None = None
         try:
             while True:
                 version = self.store.data_version()
                 page = self.store.list_events_after(self.run_id, seq, self.page_size)
+                if opened is not None and file_identity(path) != opened:
+                    raise FollowError(_replaced(self.store.path, seq))
                 if page:
                     seq = self._deliver(page, sink)
                     if self.on_page is not None:
@@ -299,6 +303,25 @@ class Follower:
             if waiter.wait(timeout, stop):
                 settle_until = time.monotonic() + SETTLE_WINDOW
         return False
+
+
+def file_identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of the file at ``path``; None when there is none to stat."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _replaced(path: str, seq: int) -> str:
+    # Checked after each read: a page read before the file was swapped is the
+    # old file's, and one read after is refused whole, so the sink never gets
+    # events of two databases (a restore or a copy over the file, with the old
+    # -wal beside it, reads as the new file's events after the old cursor).
+    return (f"{path} was replaced by another file while it was followed; nothing of the "
+            f"new file was delivered (the last event delivered is seq {seq}): start again "
+            "to follow the new file, with a cursor that belongs to it")
 
 
 def _flush(sink: object, raising: bool = False) -> bool:

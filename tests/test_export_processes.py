@@ -725,3 +725,53 @@ def test_a_file_that_ends_in_a_newline_is_appended_to_as_it_is(tmp_path):
     done = _export(db, out)
     assert (done.returncode, done.stderr) == (0, b"")
     assert out.read_bytes() == b'{"earlier":true}\n' + whole.read_bytes()
+
+
+def test_a_database_replaced_while_followed_stops_the_follower_before_any_of_its_events(
+        tmp_path):
+    """A restore or a copy over the file: the old -wal beside it would make the
+    new file's events after the old cursor look like the next ones. None of
+    them reaches the sink; the follower stops with one sentence."""
+    db, backup = str(tmp_path / "runs.db"), str(tmp_path / "backup.db")
+    make_db(backup, runs=1, events_per_run=3).close()
+    make_db(db, runs=3, events_per_run=5).close()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentrt_export.cli", "jsonl", "--db", db, "--follow"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env(), cwd=REPO_ROOT)
+    try:
+        lines = [proc.stdout.readline() for _ in range(15)]  # caught up on the old file
+        os.replace(backup, db)
+        with open_store(db) as store:
+            add_run(store, "after-the-restore", 20)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1
+    assert err.decode() == (
+        f"error: export: {db} was replaced by another file while it was followed; nothing "
+        "of the new file was delivered (the last event delivered is seq 15): start again to "
+        "follow the new file, with a cursor that belongs to it\n")
+    assert [json.loads(line)["seq"] for line in lines] == list(range(1, 16)) and out == b""
+
+
+def test_a_database_emptied_while_followed_is_said_as_such(tmp_path):
+    """SQLite calls the emptied file malformed; the sentence says what happened."""
+    db = str(tmp_path / "runs.db")
+    make_db(db, runs=3, events_per_run=5).close()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentrt_export.cli", "jsonl", "--db", db, "--follow"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env(), cwd=REPO_ROOT)
+    try:
+        for _ in range(15):
+            proc.stdout.readline()
+        os.truncate(db, 0)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1
+    assert err.decode().startswith(f"error: reading {db}: ")
+    assert err.decode().endswith("; the file was emptied while it was followed\n")
