@@ -111,6 +111,10 @@ def _output_failed(exc: OSError) -> str:
     """The sentence for an OSError that reached the top: a file the command
     named carries its name; without one it was the output."""
     cause = exc.strerror or str(exc)
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        from agentrt.store.opening import descriptors_exhausted
+
+        return f"{cause}: {descriptors_exhausted(certain=True)}"
     if exc.filename:
         return f"{sanitize(str(exc.filename))}: {cause}"
     return f"writing output: {cause}"

@@ -4,7 +4,9 @@ and an exit code, never a traceback."""
 
 from __future__ import annotations
 
+import errno
 import os
+import resource
 import subprocess
 import sys
 
@@ -23,11 +25,13 @@ def db(tmp_path):
 
 
 def run(command: str, *args: str | bytes, stdout=subprocess.PIPE, close_stdout: bool = False,
-        env: dict[str, str] | None = None) -> tuple[int, bytes]:
-    """(exit code, stderr) of ``python -m <command> ARGS``."""
+        env: dict[str, str] | None = None, files: int | None = None) -> tuple[int, bytes]:
+    """(exit code, stderr) of ``python -m <command> ARGS``; ``files``: its ulimit -n."""
     def preexec() -> None:
         if close_stdout:
             os.close(1)
+        if files is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
 
     done = subprocess.run([sys.executable, "-m", COMMANDS[command], *args], stdout=stdout,
                           stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
@@ -115,3 +119,31 @@ def test_an_otel_variable_that_is_not_utf8_matters_only_to_the_otel_command(db):
                           capture_output=True, stdin=subprocess.DEVNULL, env=env, timeout=120)
     assert otel.returncode == 2
     assert "otel: $OTEL_SERVICE_NAME is not valid UTF-8; set it in UTF-8" in otel.stderr.decode()
+
+
+@pytest.mark.parametrize(("command", "args", "files"), [
+    ("agentrt", ("cancel", "some-run", "--by", "op"), 6),
+    ("agentrt", ("runs",), 5),
+    ("agentrt-export", ("jsonl",), 5),
+])
+def test_too_few_file_descriptors_are_named_with_the_fix(db, command, args, files):
+    """SQLite's own words are "unable to open database file"; a ulimit -n set too
+    low is said as such."""
+    before = snapshot(db)
+    argv = (*args, "--db", db) if command == "agentrt-export" else ("--db", db, *args)
+    code, err = run(command, *argv, files=files)
+    assert code == 1
+    assert (f"this process may open too few files (ulimit -n {files}): raise the limit "
+            "(ulimit -n 1024) and try again") in one_line(err)
+    assert snapshot(db) == before
+
+
+def test_too_many_open_files_anywhere_else_is_said_with_the_limit_and_the_fix():
+    """Where Python, not SQLite, runs out (an import, a file the command opens)."""
+    from agentrt.clitools import _output_failed
+
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    exc = OSError(errno.EMFILE, "Too many open files", "/some/module.py")
+    assert _output_failed(exc) == (
+        f"Too many open files: this process may open too few files (ulimit -n {limit}): "
+        "raise the limit (ulimit -n 1024) and try again")

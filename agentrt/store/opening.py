@@ -10,7 +10,9 @@ the runtime's statements.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import resource
 import stat
 import sys
 import time
@@ -266,6 +268,31 @@ def _unopenable(path: str, *, write: bool) -> str | None:
     return None
 
 
+#: Descriptors an open of a WAL database takes: the file, its -wal and -shm.
+_DESCRIPTORS_PER_OPEN = 3
+
+
+def descriptors_exhausted(*, certain: bool = False) -> str | None:
+    """The sentence for a process that may open too few files, or None when it
+    seems not to be (``certain``: an EMFILE said so already).
+
+    SQLite says only "unable to open database file" when it is out of
+    descriptors; a ``ulimit -n`` set too low is worth naming with its fix.
+    """
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    said = (f"this process may open too few files (ulimit -n {soft}): raise the limit "
+            "(ulimit -n 1024) and try again")
+    if certain:
+        return said
+    if soft == resource.RLIM_INFINITY:
+        return None
+    try:
+        used = len(os.listdir("/proc/self/fd")) - 1  # less the one listdir opened
+    except OSError as exc:
+        return said if exc.errno in (errno.EMFILE, errno.ENFILE) else None
+    return said if used + _DESCRIPTORS_PER_OPEN > soft else None
+
+
 def sqlite_failure(path: str, exc: apsw.Error, *, write: bool) -> str | None:
     """One sentence for a SQLite error whose cause lies outside the file's content
     (permissions, a read-only file or directory, another process's lock): what
@@ -292,7 +319,11 @@ def sqlite_failure(path: str, exc: apsw.Error, *, write: bool) -> str | None:
                     f"{directory}, or move the database to a directory this user can write")
         return _read_only_file(path)
     if isinstance(exc, (apsw.CantOpenError, apsw.PermissionsError, apsw.AuthError)):
-        return _unopenable(path, write=write)
+        said = _unopenable(path, write=write)
+        if said is None and isinstance(exc, apsw.CantOpenError):
+            exhausted = descriptors_exhausted()
+            said = f"{path} cannot be opened: {exhausted}" if exhausted else None
+        return said
     return None
 
 
@@ -302,6 +333,9 @@ def _opening(path: str, conns: list[apsw.Connection], *, write: bool = True) -> 
     try:
         yield
     except BaseException as exc:
+        # Worded before the connections close: a count of open descriptors
+        # must still see what the failed open holds.
+        said = sqlite_failure(path, exc, write=write) if isinstance(exc, apsw.Error) else None
         for conn in reversed(conns):
             close_quietly(conn)
         if isinstance(exc, apsw.NotADBError):
@@ -309,7 +343,6 @@ def _opening(path: str, conns: list[apsw.Connection], *, write: bool = True) -> 
                 f"{path} is not a SQLite database; name the agentrt database file"
             ) from exc
         if isinstance(exc, apsw.Error):
-            said = sqlite_failure(path, exc, write=write)
             raise StoreOpenError(said or f"{path}: {exc}") from exc
         raise
 
