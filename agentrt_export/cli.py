@@ -300,7 +300,10 @@ def _parse_headers(values: tuple[str, ...]) -> dict[str, str] | None:
         key, sep, val = value.partition("=")
         if not sep or not key.strip():
             # Never the value: a header may carry a secret ("Authorization: Bearer ...").
-            name = value.split(":", 1)[0].split("=", 1)[0].strip()[:40]
+            # Only a name written as HTTP writes one ("Name: value") is shown.
+            name = value.split(":", 1)[0].strip() if ":" in value else ""
+            if len(name) > 40 or any(c.isspace() or c == "=" for c in name):
+                name = ""
             shown = f" ({sanitize(name)}...)" if name else ""
             raise click.UsageError(f"otel: --header{shown} is not KEY=VALUE: write it as "
                                    "KEY=VALUE, e.g. --header authorization=...")

@@ -161,7 +161,8 @@ def _shown(value: str, limit: int = 100) -> str:
     return '"' + "".join(out) + ('..."' if len(value) > limit else '"')
 
 
-_USERINFO = re.compile(r"(?<=://)([^/@?#]*)@")
+#: User info: after a scheme's "//", or at the start of a gRPC target without one.
+_USERINFO = re.compile(r"(?:(?<=://)|^)([^/@?#]*)@")
 
 
 def _shown_url(value: str) -> str:
@@ -378,7 +379,7 @@ def _host_port(hostport: str) -> tuple[str, str | None] | str:
         if not host:
             return "it names no host"
         if _REG_NAME.fullmatch(host) is None:
-            return f"host {_shown(host)} is not a host name or address"
+            return f"host {_shown(redacted(host))} is not a host name or address"
     if port is not None and (_PORT.fullmatch(port) is None or not 0 < int(port) <= 65535):
         return f"port {_shown(port)} is not a number from 1 to 65535"
     return host, port

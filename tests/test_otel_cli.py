@@ -362,6 +362,9 @@ def test_otel_command_warns_once_and_exports_when_resource_attributes_do_not_dec
 
 @pytest.mark.parametrize(("args", "env"), [
     (("--header", "Authorization: Bearer TOPSECRET"), None),
+    (("--header", "Bearer TOPSECRET"), None),
+    (("--header", "TOPSECRET"), None),
+    (("--header", "x-api-key TOPSECRET"), None),
     ((), {"OTEL_EXPORTER_OTLP_HEADERS": "a=b,Bearer TOPSECRET"}),
 ])
 def test_a_header_that_is_not_key_value_is_refused_without_echoing_it(tmp_path, args, env):

@@ -429,3 +429,9 @@ def test_an_endpoint_password_is_never_printed() -> None:
     with pytest.raises(ConfigError) as caught:
         resolve_config(endpoint="http://user:TOPSECRET@collector:99999/", environ={})
     assert "TOPSECRET" not in str(caught.value) and "user:***@" in str(caught.value)
+    # A gRPC target without a scheme: the whole of it is echoed, its password not.
+    assert redacted("user:TOPSECRET@collector:4317") == "user:***@collector:4317"
+    with pytest.raises(ConfigError) as caught:
+        resolve_config(protocol="grpc", endpoint="user:TOPSECRET@collector:4317", environ={})
+    assert "TOPSECRET" not in str(caught.value) and 'host "user:***@collector"' in str(
+        caught.value)
