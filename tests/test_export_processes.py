@@ -702,29 +702,22 @@ def test_a_restart_appending_to_a_file_completes_the_record_a_full_disk_cut_shor
     assert out.read_bytes() == whole.read_bytes()
 
 
-def test_an_unfinished_line_that_is_not_the_next_record_is_ended_before_it(tmp_path):
+@pytest.mark.parametrize(("earlier", "said"), [
+    (b'{"seq":1,"other":', "agentrt-export: the output ended in an unfinished line of 17 bytes "
+                           "that is not the next record; ended it with a newline\n"),
+    (b'{"earlier":true}\n', ""),
+])
+def test_an_unfinished_line_that_is_not_the_next_record_is_ended_before_it(
+        tmp_path, earlier, said):
+    """A file ending in a newline is appended to as it is."""
     db = str(tmp_path / "runs.db")
     make_db(db, runs=1, events_per_run=3).close()
     out, whole = tmp_path / "out.jsonl", tmp_path / "whole.jsonl"
     assert _export(db, whole, mode="wb").returncode == 0
-    out.write_bytes(b'{"seq":1,"other":')
+    out.write_bytes(earlier)
     done = _export(db, out)
-    assert done.returncode == 0, done.stderr
-    assert done.stderr.decode() == (
-        "agentrt-export: the output ended in an unfinished line of 17 bytes that is not the "
-        "next record; ended it with a newline\n")
-    assert out.read_bytes() == b'{"seq":1,"other":\n' + whole.read_bytes()
-
-
-def test_a_file_that_ends_in_a_newline_is_appended_to_as_it_is(tmp_path):
-    db = str(tmp_path / "runs.db")
-    make_db(db, runs=1, events_per_run=3).close()
-    out, whole = tmp_path / "out.jsonl", tmp_path / "whole.jsonl"
-    assert _export(db, whole, mode="wb").returncode == 0
-    out.write_bytes(b'{"earlier":true}\n')
-    done = _export(db, out)
-    assert (done.returncode, done.stderr) == (0, b"")
-    assert out.read_bytes() == b'{"earlier":true}\n' + whole.read_bytes()
+    assert (done.returncode, done.stderr.decode()) == (0, said)
+    assert out.read_bytes() == earlier.rstrip(b"\n") + b"\n" + whole.read_bytes()
 
 
 def test_a_database_replaced_while_followed_stops_the_follower_before_any_of_its_events(
