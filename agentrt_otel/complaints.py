@@ -27,6 +27,12 @@ SDK_EXPORTER_LOGGER = "opentelemetry.exporter.otlp"
 _NO_CAUSE = ("due to timeout, max retries or shutdown", "Shutdown in progress")
 _ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")\]]+)")
 _GRPC_DETAILS = re.compile(r"error code: (StatusCode\.\w+), error details: (.*)")
+_TLS_FAILED = re.compile(r"handshake failed", re.IGNORECASE)
+_SSL_REASON = re.compile(r"SSL routines:[^:]*:([A-Z_]+)")
+#: The HTTP exporter's last line for a failed request: its status and reason.
+_HTTP_FAILED = re.compile(r"batch code: (\d+|None), reason: (.*)")
+_HTTP_TRANSIENT = re.compile(r"^Transient error (.*) encountered while exporting")
+_NO_ANSWER = "due to timeout, max retries or shutdown"
 _MAX = 200
 #: A collector refusing a request for its size: HTTP 413 (the HTTP exporter's
 #: "batch code: 413"), gRPC's "Received message larger than max" (grpcio and
@@ -46,8 +52,23 @@ def gist(message: str) -> str:
     found = _GRPC_DETAILS.search(message)
     if found:
         code, details = found.groups()
+        details = details.removesuffix(": OK")  # grpc's status text after the cause
+        if _TLS_FAILED.search(details):
+            ssl = _SSL_REASON.search(details)
+            why = f" ({ssl.group(1).lower().replace('_', ' ')})" if ssl else ""
+            return (f"{code}: TLS handshake failed{why}: a plain-text collector needs "
+                    "--insecure, a TLS one a certificate this host trusts")[:_MAX]
         return f"{code}: {details.rsplit(': ', 1)[-1]}"[:_MAX]
     first = message.strip().splitlines()[0] if message.strip() else ""
+    found = _HTTP_FAILED.search(first)
+    if found:
+        code, reason = found.groups()
+        return (reason if code == "None" else f"HTTP {code} {reason}")[:_MAX]
+    found = _HTTP_TRANSIENT.search(first)
+    if found:
+        return found.group(1)[:_MAX]
+    if _NO_ANSWER in first:
+        return "no answer within the export timeout (OTEL_EXPORTER_OTLP_TIMEOUT)"
     return first[:_MAX]
 
 

@@ -63,7 +63,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Literal
 from urllib.parse import SplitResult, unquote, urlsplit
@@ -621,22 +621,32 @@ def _check_tls_files(env: Mapping[str, str]) -> None:
 
 
 def build_exporter(
-    config: OTelConfig, *, console_out: IO[str] | None = None
+    config: OTelConfig, *, console_out: IO[str] | None = None,
+    on_rejected: Callable[[int, str], None] | None = None,
 ) -> SpanExporter | None:
-    """The SDK exporter the config names; None for ``none``."""
+    """The SDK exporter the config names; None for ``none``.
+
+    An OTLP exporter's answers are checked (``agentrt_otel.answers``): a
+    redirect is a failure, and spans a collector rejected in a partial
+    success are told to ``on_rejected`` (default: one warning line).
+    """
     if config.exporter == "none":
         return None
     if config.exporter == "console":
         if console_out is not None:
             return ConsoleSpanExporter(out=console_out)
         return ConsoleSpanExporter()
-    if config.protocol == "grpc":
-        import grpc  # type: ignore[import-untyped]
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-            OTLPSpanExporter as GrpcExporter,
-        )
+    from agentrt_otel.answers import checked_grpc_exporter, checked_http_session, say_rejected
 
-        return GrpcExporter(
+    told = on_rejected if on_rejected is not None else say_rejected
+    if config.protocol == "grpc":
+        # gRPC's C core logs each failed TLS handshake on its own, once per
+        # reconnect: the sink's one line per outage says it instead.
+        os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+        import grpc  # type: ignore[import-untyped]
+
+        return checked_grpc_exporter(
+            told,
             endpoint=config.endpoint,
             insecure=config.insecure,
             headers=dict(config.headers) or None,
@@ -655,4 +665,5 @@ def build_exporter(
         headers=dict(config.headers) or None,
         timeout=config.timeout,
         compression=HttpCompression(config.compression),
+        session=checked_http_session(told),
     )

@@ -12,9 +12,10 @@
     ``stop`` event, so a stop cuts it short; then ``handle_page`` raises
     :class:`ExportStopped` and the caller must *not* save its cursor for the
     page (a restart sends it again: at most one page twice). A stop that
-    comes while the collector is healthy does not interrupt the page in hand,
-    and one that comes during an export attempt takes effect when the attempt
-    returns (within the exporter's timeout) unless :meth:`close` is called.
+    comes while the collector is healthy does not interrupt the page in hand;
+    an export attempt still running :data:`STOP_GRACE` (5 s) after a stop (a
+    collector that does not answer) is given up, so a stop never waits for
+    the exporter's timeout.
 
 A collector that refuses a request for its size (HTTP 413, gRPC "received
 message larger than max", as ``complaints`` tell) would refuse it forever, so
@@ -77,6 +78,13 @@ from agentrt_otel.text import DEFAULT_MAX_TEXT
 __all__ = ["Backoff", "ExportStopped", "OTelSink"]
 
 _log = logging.getLogger("agentrt_otel")
+
+#: How long an export attempt may go on once a stop came. A collector that
+#: answers does so in milliseconds; one that hangs would hold a SIGTERM for
+#: the SDK's whole timeout (up to a day), past a service manager's patience.
+STOP_GRACE = 5.0
+#: How often a running attempt looks at the stop event.
+_STOP_POLL = 0.05
 
 
 class Complaints(Protocol):
@@ -239,6 +247,7 @@ class OTelSink:
         self._lock = threading.Lock()  # one page at a time
         self._close_lock = threading.Lock()
         self._closed = False
+        self._abandoned: threading.Thread | None = None  # an attempt given up at a stop
 
     @property
     def mapper(self) -> SpanMapper:
@@ -287,7 +296,9 @@ class OTelSink:
         if self._complaints is not None:
             self._complaints.clear()
         try:
-            result = self._exporter.export(batch)
+            result = self._export_unless_stopped(batch)
+        except ExportStopped:
+            raise
         except Exception as err:  # an exporter bug must not skip spans either
             if self._local_stream and isinstance(err, OSError):
                 raise  # the stream failed, not a collector: no wait would mend it
@@ -300,6 +311,38 @@ class OTelSink:
                               "not a SpanExportResult; the page was not delivered")
         why = self._complaints.reason() if self._complaints is not None else ""
         return False, why or "the exporter reported FAILURE"
+
+    def _export_unless_stopped(self, batch: list[ReadableSpan]) -> object:
+        """``export(batch)``, run on a thread of its own so that a stop is not
+        held up by an attempt that hangs: given up, as :class:`ExportStopped`,
+        when it goes on :data:`STOP_GRACE` past a stop. The page is then sent
+        again by the next start, twice if the attempt succeeded late (at
+        least once, as after a kill)."""
+        assert self._exporter is not None
+        if self._abandoned is not None:
+            self._abandoned.join()  # one attempt at a time on one exporter
+            self._abandoned = None
+        exporter, done = self._exporter, threading.Event()
+        outcome: list[object] = []
+
+        def attempt() -> None:
+            try:
+                outcome.append(exporter.export(batch))
+            except BaseException as err:  # noqa: BLE001 - raised again on the caller's thread
+                outcome.append(err)
+            finally:
+                done.set()
+
+        worker = threading.Thread(target=attempt, name="agentrt-otel-export", daemon=True)
+        worker.start()
+        while not done.wait(_STOP_POLL):
+            if self._stop.is_set() and not done.wait(STOP_GRACE):
+                self._abandoned = worker
+                raise ExportStopped(f"{self.pending} spans were not accepted: the collector "
+                                    f"had not answered {STOP_GRACE:g} s after the stop")
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        return outcome[0]
 
     def _split_if_too_large(self, batch: list[ReadableSpan], why: str) -> bool:
         """Cut a batch the collector refused for its size in two, in place at

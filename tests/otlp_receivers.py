@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gzip
 import threading
+import time
 import zlib
 from concurrent import futures
 from dataclasses import dataclass
@@ -110,6 +111,31 @@ class _Collected:
         self.requests = 0
         self.refused = 0
         self.headers: list[dict[str, str]] = []
+        #: Answer every request with a partial success rejecting (spans, message).
+        self.reject: tuple[int, str] | None = None
+        #: HTTP: answer the next requests with a 307 to this URL, then as usual.
+        self.redirect: tuple[int, str] = (0, "")
+        #: HTTP: hold every answer this long (a collector that does not answer).
+        self.hang = 0.0
+        #: HTTP: requests whose body arrived, answered or not.
+        self.arrived = 0
+
+    def answer(self) -> trace_service_pb2.ExportTraceServiceResponse:
+        reply = trace_service_pb2.ExportTraceServiceResponse()
+        if self.reject is not None:
+            reply.partial_success.rejected_spans, reply.partial_success.error_message = (
+                self.reject)
+        return reply
+
+    def redirecting(self) -> str:
+        """Where the next request is sent instead, counted down; '' for none."""
+        with self._lock:
+            left, where = self.redirect
+            if left <= 0:
+                return ""
+            self.redirect = (left - 1, where)
+            self.requests += 1
+            return where
 
     def fail_next(self, n: int) -> None:
         with self._lock:
@@ -141,7 +167,7 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignor
         headers = {k: v for k, v in context.invocation_metadata()}
         if not self._collected.take(request, headers):
             context.abort(grpc.StatusCode.UNAVAILABLE, "receiver told to fail")
-        return trace_service_pb2.ExportTraceServiceResponse()
+        return self._collected.answer()
 
 
 class GrpcReceiver(_Collected):
@@ -172,6 +198,16 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
         length = int(self.headers.get("Content-Length", "0"))
         body = self.rfile.read(length)
+        self.server.collected.arrived += 1  # read by the test thread only
+        if self.server.collected.hang:
+            time.sleep(self.server.collected.hang)
+        where = self.server.collected.redirecting()
+        if where:
+            self.send_response(307)
+            self.send_header("Location", where)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         limit = self.server.max_bytes
         if self.path != "/v1/traces" or (limit is not None and length > limit):
             self.send_response(404 if self.path != "/v1/traces" else 413)
@@ -191,7 +227,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
-        reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+        reply = self.server.collected.answer().SerializeToString()
         self.send_response(200)
         self.send_header("Content-Type", "application/x-protobuf")
         self.send_header("Content-Length", str(len(reply)))

@@ -24,7 +24,21 @@ GRPC_FAILED = (
     ("... [Errno -2] Name or service not known')) encountered", "Name or service not known"),
     (GRPC_FAILED, "StatusCode.UNAVAILABLE: Connection refused"),
     ("Failed to export span batch code: 503, reason: Service Unavailable",
-     "Failed to export span batch code: 503, reason: Service Unavailable"),
+     "HTTP 503 Service Unavailable"),
+    ("Failed to export spans batch code: None, reason: HTTP 307: the collector redirects to "
+     "https://c/v1/traces; give that URL as the endpoint (the exporter does not follow "
+     "redirects)", "HTTP 307: the collector redirects to https://c/v1/traces; give that URL "
+     "as the endpoint (the exporter does not follow redirects)"),
+    ("Transient error Service Unavailable encountered while exporting spans batch, retrying "
+     "in 3.30s.", "Service Unavailable"),
+    ("Failed to export spans batch due to timeout, max retries or shutdown.",
+     "no answer within the export timeout (OTEL_EXPORTER_OTLP_TIMEOUT)"),
+    ("Failed to export traces to 127.0.0.1:1, error code: StatusCode.UNAVAILABLE, error "
+     "details: failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Tls "
+     "handshake failed (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:100000f7:SSL routines:"
+     "OPENSSL_internal:WRONG_VERSION_NUMBER: Invalid certificate verification context: OK",
+     "StatusCode.UNAVAILABLE: TLS handshake failed (wrong version number): a plain-text "
+     "collector needs --insecure, a TLS one a certificate this host trusts"),
     ("x" * 500 + "\nsecond line", "x" * 200),
 ])
 def test_gist_keeps_the_cause(message: str, cause: str) -> None:

@@ -1,0 +1,100 @@
+"""What a collector's answer says beyond "accepted", which the SDK exporters ignore.
+
+- **A redirect.** The SDK's HTTP exporter does not follow one, yet counts any
+  status below 400 as success: every span sent to an address that redirects
+  (an ingress moving http to https, or adding a slash) would be dropped while
+  the cursor moved on. Here a redirect is a failure that names where it
+  points, retried like any other until the endpoint is corrected.
+- **A partial success.** OTLP lets a collector accept a request but reject
+  some of its spans (``partial_success.rejected_spans``, with a message). The
+  request must not be sent again, as it would be rejected again; but the
+  loss is said, once per answer, on the ``agentrt_otel`` logger.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from opentelemetry.sdk.trace.export import SpanExporter
+
+__all__ = ["RedirectRefused", "checked_grpc_exporter", "checked_http_session", "say_rejected"]
+
+_log = logging.getLogger("agentrt_otel")
+
+#: Told (spans rejected, the collector's message) for each answer that rejected some.
+OnRejected = Callable[[int, str], None]
+
+
+class RedirectRefused(Exception):
+    """The collector answered with a redirect, which is not an acceptance."""
+
+
+def say_rejected(rejected: int, message: str) -> None:
+    """The default :data:`OnRejected`: one warning line."""
+    _log.warning("otel: the collector accepted a request but rejected %d of its spans (%s); "
+                 "they are not sent again, as OTLP says", rejected, message or "no reason given")
+
+
+def _partial_success(body: bytes, on_rejected: OnRejected) -> None:
+    from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceResponse,
+    )
+
+    try:
+        answer = ExportTraceServiceResponse.FromString(body)
+    except DecodeError:
+        return  # not OTLP's answer: the status alone says it was accepted
+    _told(answer, on_rejected)
+
+
+def _told(answer: Any, on_rejected: OnRejected) -> None:
+    partial = answer.partial_success
+    if partial.rejected_spans > 0:
+        on_rejected(int(partial.rejected_spans), str(partial.error_message))
+
+
+def checked_http_session(on_rejected: OnRejected = say_rejected) -> Any:
+    """A ``requests.Session`` for the SDK's HTTP exporter whose answers are checked."""
+    import requests
+
+    def check(response: Any, *args: object, **kwargs: object) -> None:
+        status = response.status_code
+        if 300 <= status < 400:
+            where = response.headers.get("Location") or "no address"
+            raise RedirectRefused(
+                f"HTTP {status}: the collector redirects to {where}; give that URL as the "
+                "endpoint (the exporter does not follow redirects)")
+        if 200 <= status < 300 and response.content:
+            _partial_success(response.content, on_rejected)
+
+    session = requests.Session()
+    session.hooks["response"].append(check)
+    return session
+
+
+def checked_grpc_exporter(on_rejected: OnRejected = say_rejected,
+                          **options: Any) -> SpanExporter:
+    """The SDK's gRPC span exporter, built with ``options``, whose answers are checked.
+
+    The SDK drops the answer of its stub's ``Export``; the stub is wrapped
+    each time the exporter makes one (it makes a new one to reconnect).
+    """
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    class CheckedExporter(OTLPSpanExporter):
+        def _initialize_channel_and_stub(self) -> None:
+            super()._initialize_channel_and_stub()  # type: ignore[no-untyped-call]
+            client: Any = self._client
+            export = client.Export
+
+            def checked(*args: Any, **kwargs: Any) -> Any:
+                answer = export(*args, **kwargs)
+                _told(answer, on_rejected)
+                return answer
+
+            client.Export = checked
+
+    return CheckedExporter(**options)

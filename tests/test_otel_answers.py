@@ -1,0 +1,119 @@
+"""What a collector answers beyond "accepted", and a collector that does not
+answer, seen through `agentrt-export otel` as a real process."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from eventdb import REPO_ROOT, child_env
+from otlp_receivers import GrpcReceiver, HttpReceiver
+from test_otel_cli import expected_keys, received_keys, run_otel, scenario_db
+
+from agentrt_otel.transport import STOP_GRACE
+
+
+def _lines(stderr: bytes) -> list[str]:
+    return stderr.decode().splitlines()
+
+
+def test_a_redirect_is_retried_as_a_failure_never_taken_for_delivery(tmp_path):
+    """The SDK counts any status under 400 as success without following it:
+    every span would be lost while the cursor moved on."""
+    db, cursor = str(tmp_path / "runs.db"), str(tmp_path / "cursor")
+    events = scenario_db(db)
+    with HttpReceiver() as receiver:
+        receiver.redirect = (1, "https://collector.example/v1/traces")
+        done = run_otel(db, "--endpoint", receiver.endpoint, "--cursor-file", cursor)
+    assert done.returncode == 0, done.stderr
+    lines = _lines(done.stderr)
+    assert lines[0].startswith("otel: exporting ") and (
+        "HTTP 307: the collector redirects to https://collector.example/v1/traces; give that "
+        "URL as the endpoint (the exporter does not follow redirects)") in lines[0]
+    assert lines[1].startswith("otel: the collector accepted spans again after 1 failed")
+    assert received_keys(receiver) == expected_keys(events)
+
+
+@pytest.mark.parametrize("receiver_type", [HttpReceiver, GrpcReceiver])
+def test_spans_a_collector_rejects_are_said_once_per_answer_and_not_sent_again(
+        tmp_path, receiver_type):
+    db, cursor = str(tmp_path / "runs.db"), tmp_path / "cursor"
+    events = scenario_db(db)
+    with receiver_type() as receiver:
+        receiver.reject = (2, "attribute value too long")
+        args = ["--protocol", "grpc", "--insecure"] if receiver_type is GrpcReceiver else []
+        done = run_otel(db, "--endpoint", receiver.endpoint, "--cursor-file", str(cursor),
+                        *args)
+    assert done.returncode == 0, done.stderr
+    assert _lines(done.stderr) == [
+        "otel: the collector accepted a request but rejected 2 of its spans (attribute value "
+        "too long); they are not sent again, as OTLP says"] * receiver.requests
+    assert receiver.refused == 0 and received_keys(receiver) == expected_keys(events)
+    assert cursor.read_text() == f"{len(events)}\n"
+
+
+def test_a_stop_does_not_wait_for_a_collector_that_does_not_answer(tmp_path):
+    """With the SDK's timeout at a minute, SIGTERM would wait that minute (up to
+    a day, as configured): the attempt is given up STOP_GRACE after the stop,
+    and the page is not counted as delivered."""
+    db, cursor = str(tmp_path / "runs.db"), tmp_path / "cursor"
+    scenario_db(db)
+    env = {k: v for k, v in child_env().items() if not k.startswith("OTEL_")}
+    env["OTEL_EXPORTER_OTLP_TIMEOUT"] = "60000"
+    with HttpReceiver() as receiver:
+        receiver.hang = 60.0
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentrt_export.cli", "otel", "--db", db, "--follow",
+             "--endpoint", receiver.endpoint, "--cursor-file", str(cursor)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO_ROOT)
+        try:
+            deadline = time.monotonic() + 30
+            while receiver.arrived == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert receiver.arrived, "the exporter never sent a request"
+            stopped = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=STOP_GRACE + 20)
+            took = time.monotonic() - stopped
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0, err
+    assert took < STOP_GRACE + 5, took  # not the minute the SDK would wait
+    assert _lines(err)[-1].startswith("stopped: otel: stopped before the collector accepted "
+                                      "the page: ")
+    assert f"the collector had not answered {STOP_GRACE:g} s after the stop" in _lines(err)[-1]
+    assert not cursor.exists()  # nothing was acknowledged, so nothing is saved
+
+
+def test_a_tls_mismatch_over_grpc_is_one_line_naming_it(tmp_path):
+    """gRPC's C core logs every failed handshake itself, once per reconnect; the
+    outage line says what failed and what to check instead."""
+    db = str(tmp_path / "runs.db")
+    scenario_db(db)
+    env = {k: v for k, v in child_env().items() if not k.startswith(("OTEL_", "GRPC_"))}
+    env["OTEL_EXPORTER_OTLP_TIMEOUT"] = "1000"
+    with GrpcReceiver() as receiver:  # plain text, asked for TLS
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentrt_export.cli", "otel", "--db", db, "--protocol",
+             "grpc", "--endpoint", f"https://127.0.0.1:{receiver.port}"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO_ROOT)
+        try:
+            time.sleep(6)  # the first attempt, the SDK's retries, two of the sink's
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    lines = _lines(err)
+    assert proc.returncode == 0, err
+    assert not [line for line in lines if re.match(r"[IWE]\d{4} ", line)], lines
+    assert len(lines) == 2, lines
+    assert ("StatusCode.UNAVAILABLE: TLS handshake failed (wrong version number): a plain-text "
+            "collector needs --insecure, a TLS one a certificate this host trusts") in lines[0]
