@@ -269,8 +269,8 @@ class Follower:
             while True:
                 version = self.store.data_version()
                 page = self.store.list_events_after(self.run_id, seq, self.page_size)
-                if opened is not None and file_identity(path) != opened:
-                    raise FollowError(_replaced(self.store.path, seq))
+                if opened is not None and (now := file_identity(path)) != opened:
+                    raise FollowError(_replaced(self.store.path, seq, removed=now is None))
                 if page:
                     seq = self._deliver(page, sink)
                     if self.on_page is not None:
@@ -314,11 +314,14 @@ def file_identity(path: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def _replaced(path: str, seq: int) -> str:
+def _replaced(path: str, seq: int, *, removed: bool) -> str:
     # Checked after each read: a page read before the file was swapped is the
     # old file's, and one read after is refused whole, so the sink never gets
     # events of two databases (a restore or a copy over the file, with the old
     # -wal beside it, reads as the new file's events after the old cursor).
+    if removed:
+        return (f"{path} was removed while it was followed (the last event delivered is "
+                f"seq {seq})")
     return (f"{path} was replaced by another file while it was followed; nothing of the "
             f"new file was delivered (the last event delivered is seq {seq}): start again "
             "to follow the new file, with a cursor that belongs to it")

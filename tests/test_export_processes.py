@@ -768,3 +768,25 @@ def test_a_database_emptied_while_followed_is_said_as_such(tmp_path):
     assert proc.returncode == 1
     assert err.decode().startswith(f"error: reading {db}: ")
     assert err.decode().endswith("; the file was emptied while it was followed\n")
+
+
+def test_a_database_removed_while_followed_stops_the_follower_saying_so(tmp_path):
+    db = str(tmp_path / "runs.db")
+    make_db(db, runs=3, events_per_run=5).close()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentrt_export.cli", "jsonl", "--db", db, "--follow"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env(), cwd=REPO_ROOT)
+    try:
+        for _ in range(15):
+            proc.stdout.readline()
+        with open_store(db) as writer:  # a writer that still holds the removed file
+            os.remove(db)
+            add_run(writer, "after-the-removal", 3)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (proc.returncode, out) == (1, b"")
+    assert err.decode() == (f"error: export: {db} was removed while it was followed (the last "
+                            "event delivered is seq 15)\n")
