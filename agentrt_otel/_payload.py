@@ -49,16 +49,50 @@ def _clean(s: str) -> str:
 
 
 def _member_text(data: bytes, key: str, text: bytes) -> bool:
-    """Whether ``"key":text`` is the object's last member of that key, or is
-    followed by a comma that starts the next member (so it is not a prefix
-    of a longer value)."""
-    needle = orjson.dumps(key) + b":" + text
+    """Whether ``"key":text`` is the object's only member of that key, followed
+    by a comma that starts the next member or by the object's end (so it is
+    not a prefix of a longer value). ``"key":`` anywhere else (a nested object
+    with the same key, a member written with a space) leaves it to the exact
+    scan: the match might not be the top-level member."""
+    key_colon = orjson.dumps(key) + b":"
+    needle = key_colon + text
     at = data.rfind(needle)
     if at < 0:
         return False
     end = at + len(needle)
     follow = data[end:end + 1]
-    return follow in (b",", b"}") and data.count(needle) == 1
+    return follow in (b",", b"}") and data.count(key_colon) == 1
+
+
+#: Deeper than this, a payload's raw members are not read. Python's scanner
+#: recurses once per level, so it would fail or not depending on how deep the
+#: caller's own stack is, and a replay after a restart (a few frames deeper)
+#: could read what the first pass did not. Go's limit is 10,000; the runtime
+#: itself writes nothing deeper than its 256-level boundary check allows.
+_MAX_RAW_DEPTH = 512
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_BRACKETS = re.compile(rb"[\[\]{}]")
+
+
+def _too_deep(data: bytes) -> bool:
+    """Whether ``data`` nests arrays and objects deeper than :data:`_MAX_RAW_DEPTH`
+    (brackets inside strings not counted). A walk without recursion, and only
+    when there are that many brackets at all."""
+    if data.count(b"[") + data.count(b"{") <= _MAX_RAW_DEPTH:
+        return False
+    depth = 0
+    for bracket in _BRACKETS.findall(_JSON_STRING.sub(b"", data)):
+        depth += 1 if bracket in b"[{" else -1
+        if depth > _MAX_RAW_DEPTH:
+            return True
+    return False
+
+
+def _raw_members_of(data: bytes) -> dict[str, bytes]:
+    """:func:`raw_members`, the same answer whatever the caller's stack depth."""
+    if _too_deep(data):
+        raise ValueError(f"nested deeper than {_MAX_RAW_DEPTH}")
+    return raw_members(data)
 
 
 def _is_int64(v: object) -> bool:
@@ -90,7 +124,7 @@ class Payload:
             values = orjson.loads(data)
         except orjson.JSONDecodeError:
             try:
-                return cls(data, None, raw_members(data))
+                return cls(data, None, _raw_members_of(data))
             except (ValueError, UnicodeDecodeError, RecursionError):
                 return cls(None, None, {})
         if type(values) is not dict:
@@ -106,7 +140,7 @@ class Payload:
                 parent, key = self._parent
                 data = parent.raw(key)
             try:
-                self._raw = raw_members(data) if data is not None else {}
+                self._raw = _raw_members_of(data) if data is not None else {}
             except (ValueError, UnicodeDecodeError, RecursionError):
                 self._raw = {}
         return self._raw

@@ -94,6 +94,7 @@ from functools import lru_cache
 from opentelemetry.trace import SpanKind, StatusCode
 
 from agentrt.events import Event, EventType
+from agentrt.trace import sanitize
 from agentrt_otel._fields import (
     APPROVAL,
     APPROVAL_NOTE,
@@ -292,7 +293,7 @@ class SpanMapper:
                 self._read_failed = True
                 _log.warning("otel: reading the earlier events of run %s from the store failed "
                              "(%s); spans it started before are marked start_unknown",
-                             run_id, err)
+                             sanitize(run_id), sanitize(str(err)))
         finally:
             self._replaying = False
 
@@ -495,7 +496,9 @@ class SpanMapper:
             self._late_tool(e, p, at, implied, out)
             return
         st = self._state(e.run_id)
-        span = self._ensure_step(st, e.step_id, at, implied).span
+        # A negative duration (a damaged row) must not start the step after it ends.
+        start = None if implied is None else min(implied, at)
+        span = self._ensure_step(st, e.step_id, at, start).span
         attrs = self._set(self._truncated(span.attrs, p), p, TOOL)
         if p.has("error"):
             self._set(attrs, p, TOOL_ERROR)

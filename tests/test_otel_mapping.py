@@ -510,8 +510,63 @@ def test_a_duration_or_latency_that_implies_a_start_out_of_range_is_clamped() ->
     spans = SpanMapper().map_all(s.events)
     steps = {sp.attributes["agentrt.step.id"]: sp for sp in named(spans, "agentrt.step")}
     assert steps["s"].start_ns == 0
-    assert steps["u"].start_ns == LATEST_NS  # implied after its end: kept in range
+    assert steps["u"].start_ns == steps["u"].end_ns  # implied after its end: at its end
     assert one(spans, "agentrt.model").start_ns == 0
     assert one(spans, "agentrt.tool.late").start_ns == 0
     assert min(_all_times(spans)) == 0 and max(_all_times(spans)) <= LATEST_NS
     _send_everywhere(spans)
+
+
+# -- damaged rows found by tests/test_export_fuzz.py ------------------------------
+
+
+def test_a_negative_tool_duration_never_starts_a_step_after_it_ends() -> None:
+    mapper = SpanMapper()
+    mapper.map(raw_event(1, "run.created", b"{}"))
+    spans = mapper.map(raw_event(2, "step.tool_finished", b'{"duration_ms":-5000}',
+                                 step_id="s"))
+    step = one(spans, "agentrt.step")
+    assert step.start_ns <= step.end_ns
+
+
+def test_a_field_is_read_at_the_top_level_not_from_a_nested_object_with_its_key() -> None:
+    mapper = SpanMapper()
+    mapper.map(raw_event(1, "run.created", b"{}"))
+    mapper.map(raw_event(2, "step.started", b'{"index":0}', step_id="s"))
+    mapper.map(raw_event(3, "step.decided", b'{"kind":"tool_call", "args": [1E2], '
+                         b'"n":{"args":[100.0]}}', step_id="s"))
+    spans = mapper.map(raw_event(4, "run.finished", b'{"status":"COMPLETED"}'))
+    step = one(spans, "agentrt.step")
+    assert step.attributes["agentrt.decision.args"] == "[1E2]"  # the text Go would read
+
+
+def test_a_deeply_nested_payload_reads_the_same_whatever_the_callers_stack_depth() -> None:
+    """Python's scanner recurses once per level: past a bound the raw members
+    are not read at all, rather than read or not by how deep the caller is (a
+    replay runs a few frames deeper than the first pass)."""
+    deep = b'{"kind":"tool_call","args":' + b"[" * 900 + b"]" * 900 + b"}"
+
+    def args_read(extra_frames: int) -> object:
+        if extra_frames:
+            return args_read(extra_frames - 1)
+        mapper = SpanMapper()
+        mapper.map(raw_event(1, "run.created", b"{}"))
+        mapper.map(raw_event(2, "step.started", b'{"index":0}', step_id="s"))
+        mapper.map(raw_event(3, "step.decided", deep, step_id="s"))
+        spans = mapper.map(raw_event(4, "run.finished", b'{"status":"COMPLETED"}'))
+        return one(spans, "agentrt.step").attributes.get("agentrt.decision.args")
+
+    assert args_read(0) == args_read(60) == args_read(200)
+
+
+def test_a_run_id_is_written_to_the_log_escaped(caplog: pytest.LogCaptureFixture) -> None:
+    class Failing:
+        def list_events_after(self, run_id: str, seq: int, limit: int) -> list[Event]:
+            raise OSError("disk gone")
+
+    mapper = SpanMapper(Failing())
+    with caplog.at_level("WARNING", logger="agentrt_otel"):
+        mapper.map(raw_event(5, "step.started", b'{"index":0}', run_id="r\n\x1b[31mx",
+                             step_id="s"))
+    [message] = [r.getMessage() for r in caplog.records]
+    assert "\n" not in message and "\x1b" not in message and "disk gone" in message
