@@ -720,6 +720,23 @@ def test_an_unfinished_line_that_is_not_the_next_record_is_ended_before_it(
     assert out.read_bytes() == earlier.rstrip(b"\n") + b"\n" + whole.read_bytes()
 
 
+def _follow_through(db: str, change: Callable[[], None]) -> tuple[list[int], bytes, bytes, int]:
+    """Follow the 15 events of ``db`` live, make ``change`` to its file, and end:
+    (the seqs delivered first, what came after, stderr, exit code)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentrt_export.cli", "jsonl", "--db", db, "--follow"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env(), cwd=REPO_ROOT)
+    try:
+        seqs = [json.loads(proc.stdout.readline())["seq"] for _ in range(15)]
+        change()
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return seqs, out, err, proc.returncode
+
+
 def test_a_database_replaced_while_followed_stops_the_follower_before_any_of_its_events(
         tmp_path):
     """A restore or a copy over the file: the old -wal beside it would make the
@@ -728,44 +745,26 @@ def test_a_database_replaced_while_followed_stops_the_follower_before_any_of_its
     db, backup = str(tmp_path / "runs.db"), str(tmp_path / "backup.db")
     make_db(backup, runs=1, events_per_run=3).close()
     make_db(db, runs=3, events_per_run=5).close()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentrt_export.cli", "jsonl", "--db", db, "--follow"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env(), cwd=REPO_ROOT)
-    try:
-        lines = [proc.stdout.readline() for _ in range(15)]  # caught up on the old file
+
+    def restore() -> None:
         os.replace(backup, db)
         with open_store(db) as store:
             add_run(store, "after-the-restore", 20)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 1
+
+    seqs, out, err, code = _follow_through(db, restore)
+    assert (seqs, out, code) == (list(range(1, 16)), b"", 1)
     assert err.decode() == (
         f"error: export: {db} was replaced by another file while it was followed; nothing "
         "of the new file was delivered (the last event delivered is seq 15): start again to "
         "follow the new file, with a cursor that belongs to it\n")
-    assert [json.loads(line)["seq"] for line in lines] == list(range(1, 16)) and out == b""
 
 
 def test_a_database_emptied_while_followed_is_said_as_such(tmp_path):
     """SQLite calls the emptied file malformed; the sentence says what happened."""
     db = str(tmp_path / "runs.db")
     make_db(db, runs=3, events_per_run=5).close()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentrt_export.cli", "jsonl", "--db", db, "--follow"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env(), cwd=REPO_ROOT)
-    try:
-        for _ in range(15):
-            proc.stdout.readline()
-        os.truncate(db, 0)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 1
+    _, _, err, code = _follow_through(db, lambda: os.truncate(db, 0))
+    assert code == 1
     assert err.decode().startswith(f"error: reading {db}: ")
     assert err.decode().endswith("; the file was emptied while it was followed\n")
 
@@ -773,20 +772,13 @@ def test_a_database_emptied_while_followed_is_said_as_such(tmp_path):
 def test_a_database_removed_while_followed_stops_the_follower_saying_so(tmp_path):
     db = str(tmp_path / "runs.db")
     make_db(db, runs=3, events_per_run=5).close()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentrt_export.cli", "jsonl", "--db", db, "--follow"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env(), cwd=REPO_ROOT)
-    try:
-        for _ in range(15):
-            proc.stdout.readline()
+
+    def remove() -> None:
         with open_store(db) as writer:  # a writer that still holds the removed file
             os.remove(db)
             add_run(writer, "after-the-removal", 3)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert (proc.returncode, out) == (1, b"")
+
+    _, out, err, code = _follow_through(db, remove)
+    assert (code, out) == (1, b"")
     assert err.decode() == (f"error: export: {db} was removed while it was followed (the last "
                             "event delivered is seq 15)\n")
