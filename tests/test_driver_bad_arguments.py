@@ -692,16 +692,21 @@ def test_a_model_request_of_the_wrong_type_is_refused_before_a_dispatch(request_
     assert d.store.list_model_calls("r") == []
 
 
-def test_a_tool_whose_spec_turns_into_a_non_spec_is_an_invalid_decision_not_a_half_step():
+_GOOD_SPEC = ToolSpec("read", "", b'{"type":"object"}', "read_only", timedelta(seconds=5))
+
+
+@pytest.mark.parametrize(("turned", "said"), [
+    ("nope", "spec() returned a str ('nope'), not a ToolSpec"),
+    (ToolSpec("read", "", b'{"type":"object"}', "read_only", 5.0),
+     "its spec: timeout is a float (5.0), not a timedelta"),
+])
+def test_a_tool_whose_spec_turns_bad_is_an_invalid_decision_not_a_half_step(turned, said):
     class Flaky:
         calls = 0
 
         def spec(self):
-            Flaky.calls += 1
-            if Flaky.calls > 3:  # registration (twice) and the run's start read it first
-                return "nope"
-            return ToolSpec("read", "", b'{"type":"object"}', "read_only",
-                            timedelta(seconds=5))
+            Flaky.calls += 1  # registration (twice) and the run's start read it first
+            return _GOOD_SPEC if Flaky.calls <= 3 else turned
 
         def call(self, c):
             return ToolResult(b"{}", "ok")
@@ -711,28 +716,7 @@ def test_a_tool_whose_spec_turns_into_a_non_spec_is_an_invalid_decision_not_a_ha
     assert run.status == "COMPLETED"
     obs = d.store.list_steps("r")[0].observation
     assert obs.kind == "invalid_decision"
-    assert obs.summary == ("invalid decision: tool \"read\": spec() returned a str ('nope'), "
-                           "not a ToolSpec")
-
-
-def test_a_tool_whose_spec_turns_mistyped_is_an_invalid_decision_not_a_half_step():
-    class Flaky:
-        calls = 0
-
-        def spec(self):
-            Flaky.calls += 1
-            timeout = timedelta(seconds=5) if Flaky.calls <= 3 else 5.0
-            return ToolSpec("read", "", b'{"type":"object"}', "read_only", timeout)
-
-        def call(self, c):
-            return ToolResult(b"{}", "ok")
-
-    d = driver(tools=[Flaky()], agent=ScriptedAgent([call("read"), Decision.complete()]))
-    run = d.start("g", limits(), run_id="r")
-    assert run.status == "COMPLETED"
-    obs = d.store.list_steps("r")[0].observation
-    assert obs.summary == ('invalid decision: tool "read": its spec: timeout is a float (5.0), '
-                           "not a timedelta")
+    assert obs.summary == f'invalid decision: tool "read": {said}'
 
 
 def test_fixture_tools_and_default_limits_still_run():
