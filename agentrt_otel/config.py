@@ -287,30 +287,24 @@ def _check_headers(source: str, headers: Mapping[str, str], protocol: OTLPProtoc
     The message names the header, not its value, which may be a secret.
     """
     for key, value in headers.items():
-        if protocol == "grpc":
-            if _GRPC_KEY.fullmatch(key) is None:
-                raise ConfigError(
-                    f"otel: header {_shown(key)} (from {source}): a gRPC metadata name holds only "
-                    'lowercase letters, digits, "-", "_" and "."')
-            if key.endswith("-bin"):
-                raise ConfigError(
-                    f"otel: header {_shown(key)} (from {source}): a name ending in -bin is binary "
-                    "gRPC metadata, which a header setting cannot carry; rename it")
-            bad = next((ch for ch in value if _GRPC_VALUE.fullmatch(ch) is None), None)
-            if bad is not None:
-                raise ConfigError(
-                    f"otel: header {_shown(key)} (from {source}): its value holds {_char(bad)}; "
-                    "a gRPC metadata value is printable ASCII on one line")
-            continue
-        if _TOKEN.fullmatch(key) is None:
-            raise ConfigError(
-                f"otel: header {_shown(key)} (from {source}): a header name is letters, digits and "
-                "!#$%&'*+-.^_`|~, with no spaces")
-        bad = next((ch for ch in value if _HTTP_VALUE.fullmatch(ch) is None), None)
+        def refuse(why: str, key: str = key) -> ConfigError:
+            return ConfigError(f"otel: header {_shown(key)} (from {source}): {why}")
+
+        grpc = protocol == "grpc"
+        if grpc and _GRPC_KEY.fullmatch(key) is None:
+            raise refuse('a gRPC metadata name holds only lowercase letters, digits, "-", "_" '
+                         'and "."')
+        if grpc and key.endswith("-bin"):
+            raise refuse("a name ending in -bin is binary gRPC metadata, which a header "
+                         "setting cannot carry; rename it")
+        if not grpc and _TOKEN.fullmatch(key) is None:
+            raise refuse("a header name is letters, digits and !#$%&'*+-.^_`|~, with no spaces")
+        allowed = _GRPC_VALUE if grpc else _HTTP_VALUE
+        bad = next((ch for ch in value if allowed.fullmatch(ch) is None), None)
         if bad is not None:
-            raise ConfigError(
-                f"otel: header {_shown(key)} (from {source}): its value holds {_char(bad)}; "
-                "a header value is visible ASCII or Latin-1 text, spaces and tabs, on one line")
+            raise refuse(f"its value holds {_char(bad)}; " + (
+                "a gRPC metadata value is printable ASCII on one line" if grpc else
+                "a header value is visible ASCII or Latin-1 text, spaces and tabs, on one line"))
 
 
 def _headers(arg: Mapping[str, str] | None, env: Mapping[str, str],
