@@ -1,0 +1,162 @@
+"""Driver processes killed with SIGKILL at random points, and what the record
+then holds: an intact chain, every step's events in a canonical order, and no
+side effect run again without an operator's approval.
+
+Each round runs ``driver_crash_worker.py`` on one run, kills it a random
+time after it is ready, waits out its lease and starts the next, until the
+run has been killed ``KILLS_PER_RUN`` times; then a last worker finishes it.
+The kill lands anywhere: in a tool, between a tool's effect and its record,
+in a model call or its retry's backoff, inside a commit. The tools write a
+ledger outside the database, so executions the record never saw are counted
+too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from stress import rounds
+
+from agentrt.records import Step
+from agentrt.store import open_store
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = Path(__file__).resolve().parent / "driver_crash_worker.py"
+LEASE_TTL = 0.5  # the worker's
+KILLS_PER_RUN = 6
+#: A whole run takes about 60 ms once the worker is ready.
+MAX_DELAY = 0.08
+
+#: One letter per event type a step's events may hold.
+CODES = {
+    "step.started": "S", "model.dispatched": "D", "model.completed": "C",
+    "model.failed": "F", "step.decided": "E", "step.policy": "P",
+    "step.tool_started": "T", "step.tool_finished": "R", "step.interrupted": "I",
+    "approval.requested": "Q", "approval.decided": "A", "run.resumed": "U",
+}
+_DECIDING = r"S(?:D[CF])*"
+STEP_ORDERS = {
+    # the completing step, and a step interrupted while it was deciding
+    "complete": re.compile(rf"{_DECIDING}E"),
+    "interrupted deciding": re.compile(rf"{_DECIDING}[DE]?I"),
+    # a read-only tool interrupted is not run again: the agent decides anew
+    "look": re.compile(rf"{_DECIDING}EPT[RI]"),
+    # an interrupted side effect waits for an approval, then runs once more
+    "write": re.compile(rf"{_DECIDING}EPT(?:IPQAUPT)*R"),
+}
+
+
+def _worker(db: Path, run_id: str, ledger: Path) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, str(WORKER), str(db), run_id, str(ledger)],
+                            env=env, cwd=str(ROOT), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _kill_randomly(db: Path, run_id: str, ledger: Path, rng: random.Random) -> int:
+    """Kill workers on ``run_id`` until it has been killed KILLS_PER_RUN times
+    or has ended; then let one finish it. Returns the kills that landed."""
+    kills = 0
+    while kills < KILLS_PER_RUN:
+        proc = _worker(db, run_id, ledger)
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "ready\n", proc.communicate(timeout=30)
+        time.sleep(rng.uniform(0, MAX_DELAY))
+        proc.kill()
+        out, err = proc.communicate(timeout=30)
+        if proc.returncode == 0:  # it finished before the kill
+            assert out == "COMPLETED\n", err
+            return kills
+        assert proc.returncode == -signal.SIGKILL, err
+        kills += 1
+        time.sleep(LEASE_TTL)  # the dead worker's lease has expired by now
+    proc = _worker(db, run_id, ledger)
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out) == (0, "ready\nCOMPLETED\n"), err
+    return kills
+
+
+def _tool(step: Step) -> str:
+    """The tool a step called ('' for a step that completed the run or never decided)."""
+    decision = step.decision
+    return decision.tool if decision is not None and decision.kind == "tool_call" else ""
+
+
+def _check_record(db: Path, run_id: str, ledger: Path, kills: int) -> None:
+    store = open_store(str(db))
+    try:
+        run = store.get_run(run_id)
+        events = store.list_events(run_id)
+        steps = store.list_steps(run_id)
+        approvals = store.list_approvals(run_id)
+        calls = store.list_model_calls(run_id)
+        assert store.verify_events().broken is None
+    finally:
+        store.close()
+    assert run.status == "COMPLETED"
+    types = [e.type for e in events]
+    assert types[:2] == ["run.created", "run.started"] and types[-1] == "run.finished"
+    assert types.count("run.finished") == 1
+    finished = json.loads(events[-1].payload)
+    assert finished["steps"] == len(steps) == run.step_count
+
+    # Every takeover follows a kill; each interrupts at most the one step in flight.
+    assert types.count("lease.taken_over") <= kills
+    assert types.count("step.interrupted") <= types.count("lease.taken_over")
+
+    # Each attempt that reported is charged once; one a kill cut short stays dispatched.
+    results = types.count("model.completed") + types.count("model.failed")
+    assert run.model_calls == results
+    assert (run.usage.input_tokens, run.usage.output_tokens) == (
+        5 * types.count("model.completed"), 2 * types.count("model.completed"))
+    assert len(calls) == types.count("model.dispatched")
+    assert sum(c.status == "dispatched" for c in calls) == len(calls) - results
+
+    # Each step's events in a canonical order; every step ended.
+    by_step: dict[str, str] = {}
+    for e in events:
+        if e.step_id:
+            by_step[e.step_id] = by_step.get(e.step_id, "") + CODES[e.type]
+    for step in steps:
+        assert step.status in ("done", "interrupted"), (step.index, step.status)
+        order = by_step[step.id]
+        tool = _tool(step)
+        shapes = [name for name, pattern in STEP_ORDERS.items() if pattern.fullmatch(order)]
+        expected = {"write": ["write", "interrupted deciding"],
+                    "look": ["look", "interrupted deciding"]}.get(
+            tool, ["complete", "interrupted deciding"])
+        assert set(shapes) & set(expected), (step.index, tool, order)
+
+    # No side effect ran again unless an operator approved running it again;
+    # no read-only tool ran twice for one step; every recorded result ran.
+    ran = Counter(tuple(line.split()) for line in ledger.read_text().splitlines())
+    granted = Counter(a.step_id for a in approvals
+                      if a.kind == "interrupted_side_effect" and a.status == "approved")
+    assert all(a.status != "pending" for a in approvals)
+    for step in steps:
+        tool = _tool(step)
+        times = ran[(tool, step.id)] if tool else 0
+        assert times <= 1 + granted[step.id], (step.index, tool, times, granted[step.id])
+        if "R" in by_step[step.id]:
+            assert times >= 1, (step.index, tool)
+    assert sum(ran.values()) == sum(ran[(t, s.id)] for s in steps for t in ("look", "write"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attempt", range(rounds(2, 24)))
+def test_a_driver_killed_at_random_points_leaves_a_record_that_holds(tmp_path, attempt):
+    rng = random.Random(attempt)
+    db, ledger = tmp_path / "runs.db", tmp_path / "ledger"
+    open_store(str(db)).close()
+    kills = _kill_randomly(db, "r", ledger, rng)
+    _check_record(db, "r", ledger, kills)
