@@ -1,6 +1,8 @@
 """Driver processes killed with SIGKILL at random points, and what the record
 then holds: an intact chain, every step's events in a canonical order, and no
-side effect run again without an operator's approval.
+side effect run again without an operator's approval; and, mapped to
+OpenTelemetry spans, one trace whose spans a restarted exporter rebuilds
+exactly.
 
 Each round runs ``driver_crash_worker.py`` on one run, kills it a random
 time after it is ready, waits out its lease and starts the next, until the
@@ -25,10 +27,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from span_helpers import full, one_pass, restarted
 from stress import rounds
 
 from agentrt.records import Step
 from agentrt.store import open_store
+from agentrt_otel import SpanMapper
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "driver_crash_worker.py"
@@ -152,6 +156,29 @@ def _check_record(db: Path, run_id: str, ledger: Path, kills: int) -> None:
     assert sum(ran.values()) == sum(ran[(t, s.id)] for s in steps for t in ("look", "write"))
 
 
+def _check_spans(db: Path, run_id: str, rng: random.Random) -> None:
+    """The crash record as OpenTelemetry shows it: one run span, one span per
+    step and per model attempt and approval, every start known, and exporters
+    restarted at random cursors give exactly one pass's spans."""
+    store = open_store(str(db))
+    try:
+        events = store.list_events(run_id)
+        steps = store.list_steps(run_id)
+        spans = SpanMapper().map_all(events)
+        counts = Counter(sp.name for sp in spans)
+        assert counts == Counter({
+            "agentrt.run": 1, "agentrt.step": len(steps),
+            "agentrt.model": len(store.list_model_calls(run_id)),
+            "agentrt.approval": len(store.list_approvals(run_id))}), counts
+        assert not [sp for sp in spans if "agentrt.span.start_unknown" in sp.attributes]
+        assert len({sp.span_id for sp in spans}) == len(spans)
+        cuts = rng.sample(range(1, len(events)), 3)
+        again = restarted(events, cuts, store)  # each restart replays from the database
+        assert sorted(map(full, again)) == one_pass(events)
+    finally:
+        store.close()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("attempt", range(rounds(2, 24)))
 def test_a_driver_killed_at_random_points_leaves_a_record_that_holds(tmp_path, attempt):
@@ -160,3 +187,4 @@ def test_a_driver_killed_at_random_points_leaves_a_record_that_holds(tmp_path, a
     open_store(str(db)).close()
     kills = _kill_randomly(db, "r", ledger, rng)
     _check_record(db, "r", ledger, kills)
+    _check_spans(db, "r", rng)

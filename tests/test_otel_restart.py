@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
 
 import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
+from span_helpers import full, one_pass, restarted
 
 from agentrt.events import Event
 from agentrt.records import Decision, PolicyDecision
@@ -45,30 +45,6 @@ def written(scenario: Scenario) -> EventStream:
     s = EventStream(scenario.__name__)
     scenario(s)
     return s
-
-
-def full(span: SpanRecord) -> tuple[Any, ...]:
-    """Everything a span is: what must not change across restarts."""
-    return (*span.identity(), span.kind, span.start_ns, span.end_ns,
-            tuple(sorted(span.attributes.items())),
-            tuple((e.name, e.time_ns, tuple(sorted(e.attributes.items()))) for e in span.events),
-            span.status_code, span.status_description)
-
-
-def one_pass(events: Sequence[Event]) -> list[tuple[Any, ...]]:
-    return sorted(map(full, SpanMapper().map_all(events)))
-
-
-def restarted(events: Sequence[Event], cuts: Sequence[int],
-              source: StreamSource | None = None) -> list[SpanRecord]:
-    """The spans of a fresh mapper per segment, each starting after a cut
-    (a clean restart on a saved cursor), with the store as source."""
-    source = source if source is not None else StreamSource(list(events))
-    bounds = [0, *sorted(set(cuts)), len(events)]
-    out: list[SpanRecord] = []
-    for lo, hi in zip(bounds, bounds[1:], strict=False):
-        out.extend(SpanMapper(source).map_all(events[lo:hi]))
-    return out
 
 
 def split(s: EventStream, k: int) -> list[SpanRecord]:
