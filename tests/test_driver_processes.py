@@ -1,10 +1,14 @@
-"""Driver processes killed with SIGKILL at random points, and what the record
-then holds: an intact chain, every step's events in a canonical order, and no
-side effect run again without an operator's approval; and, mapped to
-OpenTelemetry spans, one trace whose spans a restarted exporter rebuilds
-exactly.
+"""Driver processes killed with SIGKILL, or cancelled by an operator's
+command, at random points, and what the record then holds.
 
-Each round runs ``driver_crash_worker.py`` on one run, kills it a random
+After kills: an intact chain, every step's events in a canonical order, and
+no side effect run again without an operator's approval; and, mapped to
+OpenTelemetry spans, one trace whose spans a restarted exporter rebuilds
+exactly. After a cancel: the run ends at once, nothing starts after it, and
+only what was in flight (a tool's outcome, a model call's result) is
+appended after ``run.finished``.
+
+Each round runs ``driver_worker.py`` on one run, kills it a random
 time after it is ready, waits out its lease and starts the next, until the
 run has been killed ``KILLS_PER_RUN`` times; then a last worker finishes it.
 The kill lands anywhere: in a tool, between a tool's effect and its record,
@@ -35,7 +39,7 @@ from agentrt.store import open_store
 from agentrt_otel import SpanMapper
 
 ROOT = Path(__file__).resolve().parent.parent
-WORKER = Path(__file__).resolve().parent / "driver_crash_worker.py"
+WORKER = Path(__file__).resolve().parent / "driver_worker.py"
 LEASE_TTL = 0.5  # the worker's
 KILLS_PER_RUN = 6
 #: A whole run takes about 60 ms once the worker is ready.
@@ -157,8 +161,8 @@ def _check_record(db: Path, run_id: str, ledger: Path, kills: int) -> None:
 
 
 def _check_spans(db: Path, run_id: str, rng: random.Random) -> None:
-    """The crash record as OpenTelemetry shows it: one run span, one span per
-    step and per model attempt and approval, every start known, and exporters
+    """The record as OpenTelemetry shows it: one run span, one span per step,
+    model attempt, approval and late tool outcome, every start known, and exporters
     restarted at random cursors give exactly one pass's spans."""
     store = open_store(str(db))
     try:
@@ -169,7 +173,10 @@ def _check_spans(db: Path, run_id: str, rng: random.Random) -> None:
         assert counts == Counter({
             "agentrt.run": 1, "agentrt.step": len(steps),
             "agentrt.model": len(store.list_model_calls(run_id)),
-            "agentrt.approval": len(store.list_approvals(run_id))}), counts
+            "agentrt.approval": len(store.list_approvals(run_id)),
+            "agentrt.tool.late": sum(e.type == "step.tool_finished"
+                                     and json.loads(e.payload).get("late") is True
+                                     for e in events)}), counts
         assert not [sp for sp in spans if "agentrt.span.start_unknown" in sp.attributes]
         assert len({sp.span_id for sp in spans}) == len(spans)
         cuts = rng.sample(range(1, len(events)), 3)
@@ -188,3 +195,104 @@ def test_a_driver_killed_at_random_points_leaves_a_record_that_holds(tmp_path, a
     kills = _kill_randomly(db, "r", ledger, rng)
     _check_record(db, "r", ledger, kills)
     _check_spans(db, "r", rng)
+
+
+# -- an operator's cancel at a random point ----------------------------------
+
+#: An operator's process, started and imported before it is told to act, so
+#: the cancel lands a chosen time into the run, not after an interpreter's start.
+CANCELLER = """
+import sys
+from agentrt.cli import main
+import agentrt.driver, agentrt.view  # loaded on first use; load them before "go"
+print("ready", flush=True)
+sys.stdin.readline()
+main(["cancel", sys.argv[1], "--db", sys.argv[2], "--by", "ops", "--note", "enough"])
+"""
+
+
+def _cancel_randomly(db: Path, rng: random.Random) -> str:
+    """Cancel a run with ``agentrt cancel`` a random time after its worker is
+    ready, on new runs until a cancel lands before a run completes; returns the
+    cancelled run's id (its tools' ledger is ``<db>.<run id>``)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    for attempt in range(10):
+        run_id = f"r{attempt}"
+        ledger = db.with_suffix(f".{run_id}")
+        operator = subprocess.Popen([sys.executable, "-c", CANCELLER, run_id, str(db)],
+                                    env=env, cwd=str(ROOT), stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert operator.stdout is not None and operator.stdout.readline() == "ready\n"
+        proc = _worker(db, run_id, ledger)
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "ready\n", proc.communicate(timeout=30)
+        time.sleep(rng.uniform(0, MAX_DELAY))
+        said, complaint = operator.communicate("go\n", timeout=60)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and "Traceback" not in err, err
+        if operator.returncode == 0:
+            assert out == "CANCELLED\n", (out, err)
+            return run_id
+        # too early (the run did not exist yet) or too late (it had completed)
+        assert operator.returncode == 1, complaint
+        assert "not found" in complaint or "COMPLETED" in complaint, complaint
+    raise AssertionError("ten runs in a row ended before their cancel")
+
+
+def _check_cancelled(db: Path, run_id: str, ledger: Path) -> None:
+    store = open_store(str(db))
+    try:
+        run = store.get_run(run_id)
+        events = store.list_events(run_id)
+        steps = {s.id: s for s in store.list_steps(run_id)}
+        assert store.verify_events().broken is None
+    finally:
+        store.close()
+    assert (run.status, run.reason, run.reason_detail) == (
+        "CANCELLED", "operator_cancelled", "enough")
+    types = [e.type for e in events]
+    end = types.index("run.finished")
+    assert json.loads(events[end].payload)["by"] == "ops"
+    before, after = events[:end], events[end + 1:]
+
+    # After the cancel, only what was in flight: at most one late tool outcome,
+    # on the step whose tool had started, and the results of calls dispatched.
+    late = [e for e in after if e.type == "step.tool_finished"]
+    assert len(late) <= 1 and all(json.loads(e.payload)["late"] is True for e in late)
+    dispatched = {json.loads(e.payload)["call_id"] for e in before
+                  if e.type == "model.dispatched"}
+    for e in after:
+        if e.type != "step.tool_finished":
+            assert e.type in ("model.completed", "model.failed"), e.type
+            assert json.loads(e.payload)["call_id"] in dispatched
+    started = [e.step_id for e in before if e.type == "step.tool_started"]
+    for e in late:
+        assert started and e.step_id == started[-1]
+        assert steps[e.step_id].status == "failed"
+    # ... and nothing in flight is lost: a tool running at the cancel reports
+    # late, and every call dispatched has its one result.
+    if started:
+        in_time = any(e.type == "step.tool_finished" and e.step_id == started[-1]
+                      for e in before)
+        assert len(late) == (0 if in_time else 1)
+    results = Counter(json.loads(e.payload)["call_id"] for e in events
+                      if e.type in ("model.completed", "model.failed"))
+    assert results == Counter(dispatched)
+
+    # Every step ended; no tool ran for a step that had not started it, nor twice.
+    assert {s.status for s in steps.values()} <= {"done", "failed"}
+    ran = Counter(tuple(line.split()) for line in ledger.read_text().splitlines())
+    assert all(times == 1 for times in ran.values()), ran
+    assert {step for _, step in ran} <= set(started)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attempt", range(rounds(3, 40)))
+def test_an_operator_cancel_at_a_random_point_ends_the_run_and_appends_only_what_was_in_flight(
+        tmp_path, attempt):
+    rng = random.Random(1000 + attempt)
+    db = tmp_path / "runs.db"
+    open_store(str(db)).close()
+    run_id = _cancel_randomly(db, rng)
+    _check_cancelled(db, run_id, db.with_suffix(f".{run_id}"))
+    _check_spans(db, run_id, rng)

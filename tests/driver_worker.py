@@ -1,6 +1,6 @@
-"""A driver process that ``test_driver_crashes`` kills at random points.
+"""A driver process that ``test_driver_processes`` kills or cancels at random points.
 
-    python tests/driver_crash_worker.py DB RUN_ID LEDGER
+    python tests/driver_worker.py DB RUN_ID LEDGER
 
 It starts the run, or resumes it (waiting out a dead process's lease, and
 granting, as the operator would, any pause for an interrupted side effect),
@@ -14,7 +14,8 @@ a mutating ``write``, and a step that asks a model (which fails every other
 attempt, so calls are retried) and then looks; from index ``STEPS`` on, it
 completes. Tools and the model sleep a few milliseconds, so a random kill
 lands inside a tool, between a tool's effect and its record, in a model call
-or in a commit.
+or in a commit. A run an operator cancels ends the loop with its status
+(``CANCELLED``), as any other ending does.
 """
 
 from __future__ import annotations
