@@ -31,6 +31,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from _cli_kit import invoke
 from span_helpers import full, one_pass, restarted
 from stress import rounds
 
@@ -160,6 +161,13 @@ def _check_record(db: Path, run_id: str, ledger: Path, kills: int) -> None:
     assert sum(ran.values()) == sum(ran[(t, s.id)] for s in steps for t in ("look", "write"))
 
 
+def _check_commands(db: Path, run_id: str) -> None:
+    """The operator command shows the record and finds its chain intact."""
+    for command in (["show", run_id], ["events", run_id], ["verify"], ["runs"]):
+        shown = invoke("--db", str(db), *command)
+        assert shown.code == 0 and shown.stdout, (command, shown.stderr)
+
+
 def _check_spans(db: Path, run_id: str, rng: random.Random) -> None:
     """The record as OpenTelemetry shows it: one run span, one span per step,
     model attempt, approval and late tool outcome, every start known, and exporters
@@ -195,6 +203,7 @@ def test_a_driver_killed_at_random_points_leaves_a_record_that_holds(tmp_path, a
     kills = _kill_randomly(db, "r", ledger, rng)
     _check_record(db, "r", ledger, kills)
     _check_spans(db, "r", rng)
+    _check_commands(db, "r")
 
 
 # -- an operator's cancel at a random point ----------------------------------
@@ -296,3 +305,4 @@ def test_an_operator_cancel_at_a_random_point_ends_the_run_and_appends_only_what
     run_id = _cancel_randomly(db, rng)
     _check_cancelled(db, run_id, db.with_suffix(f".{run_id}"))
     _check_spans(db, run_id, rng)
+    _check_commands(db, run_id)
