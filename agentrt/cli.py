@@ -515,11 +515,17 @@ def _interactive() -> bool:
 
 def _confirm(verb: str, a: Approval) -> bool | None:
     """Ask at the terminal; None when stdin ended before an answer (Ctrl-D), which
-    declines as "n" does."""
-    sys.stderr.write(f"{verb} approval {sanitize(view.echo(a.id))} of run "
-                     f"{sanitize(view.echo(a.run_id))}? [y/N] ")
-    sys.stderr.flush()
-    answer = sys.stdin.readline()
+    declines as "n" does. Ctrl-C at the prompt is a failure that says nothing was
+    decided (click's own "aborted" would leave the operator to wonder)."""
+    try:
+        sys.stderr.write(f"{verb} approval {sanitize(view.echo(a.id))} of run "
+                         f"{sanitize(view.echo(a.run_id))}? [y/N] ")
+        sys.stderr.flush()
+        answer = sys.stdin.readline()
+    except KeyboardInterrupt:
+        sys.stderr.write("\n")
+        raise click.ClickException(
+            f"{verb}: interrupted at the prompt; nothing was decided") from None
     if not answer:
         sys.stderr.write("\n")  # nothing typed was echoed: end the prompt's line
         return None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -190,6 +191,21 @@ def test_end_of_input_at_the_prompt_declines_as_no_does(ops):
         os.close(master)
     assert proc.returncode == 1, err
     assert err == b"\nerror: approve: declined at the prompt\n"  # after the prompt
+    assert snapshot(ops["db"]) == before
+
+
+def test_ctrl_c_at_the_prompt_says_nothing_was_decided_and_changes_nothing(ops):
+    before = snapshot(ops["db"])
+    proc, master = _at_a_terminal(["--db", ops["db"], "approve", ops["waiting"]])
+    try:
+        _wait_for(proc.stderr, b"[y/N] ")
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C at the terminal sends
+        _, err = proc.communicate(timeout=30)
+    finally:
+        os.close(master)
+    assert proc.returncode == 1, err
+    assert err.endswith(b"\nerror: approve: interrupted at the prompt; nothing was decided\n")
+    assert b"Traceback" not in err
     assert snapshot(ops["db"]) == before
 
 
