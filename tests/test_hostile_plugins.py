@@ -1,0 +1,304 @@
+"""Misbehaving consumer code: each mistake becomes a recorded outcome, never a hang.
+
+Tools that ignore their token, raise what is not an Exception, or are async;
+agents that are async or return absurd decisions; policies that return junk or
+cancel the run; model adapters that return nothing; reconcilers that return
+junk; observers that block. In every case the run records a clear outcome, the
+chain verifies, and no step is left deciding or executing when the driver
+returns.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+from _driver_kit import call, limits, make, types
+
+from agentrt.driver import (
+    AgentFunc,
+    CancelledError,
+    CancelToken,
+    DefaultPolicy,
+    Driver,
+    FuncTool,
+    Message,
+    ModelConfig,
+    ModelRequest,
+    ModelResponse,
+    PolicyFunc,
+    Reconciliation,
+    ToolError,
+    ToolResult,
+    cancel,
+)
+from agentrt.records import Decision, PolicyDecision, Usage
+from agentrt.store import open_store
+from agentrt.testing import ModelToolAgent, ScriptedAgent, ScriptedModel, static_tool
+
+OPEN = ("deciding", "executing")
+
+
+def settled(store, run_id: str) -> None:
+    """The record holds: the chain verifies and no step is left mid-flight."""
+    assert store.verify_events().broken is None
+    assert [s.status for s in store.list_steps(run_id) if s.status in OPEN] == []
+
+
+# -- tools -----------------------------------------------------------------------
+
+
+def test_tools_that_ignore_their_token_time_out_and_the_next_tool_runs_on_a_fresh_worker():
+    release = threading.Event()
+
+    def hang(c):
+        release.wait(20)  # ignores c.cancel
+        return ToolResult(b'{"late":true}', "late")
+
+    calls: list = []
+    d, store, _, _ = make(
+        script=[call("hang"), call("hang", b'{"again":1}'), call("read"), Decision.complete()],
+        tools=[FuncTool("hang", hang, timeout=0.15), static_tool("read", calls=calls)])
+    started = time.monotonic()
+    run = d.start("g", limits(), run_id="r")
+    assert time.monotonic() - started < 3
+    assert run.status == "COMPLETED" and len(calls) == 1
+    steps = store.list_steps("r")
+    assert [s.status for s in steps] == ["failed", "failed", "done", "done"]
+    for s in steps[:2]:
+        assert json.loads(s.observation.content) == {
+            "error": "no outcome within the timeout of 150ms", "failure": "timeout",
+            "tool": "hang"}
+    before = types(store, "r")
+    release.set()
+    time.sleep(0.1)  # the abandoned calls return now: their outcomes are discarded
+    assert types(store, "r") == before
+    settled(store, "r")
+
+
+@pytest.mark.parametrize(("exc", "error"), [
+    (KeyboardInterrupt(), "panic: KeyboardInterrupt: KeyboardInterrupt"),
+    (SystemExit(3), "panic: SystemExit: 3"),
+    (GeneratorExit(), "panic: GeneratorExit: GeneratorExit"),
+])
+def test_a_tool_raising_a_base_exception_is_observed_as_a_panic_and_the_run_goes_on(exc, error):
+    def bad(c):
+        raise exc
+
+    d, store, _, _ = make(script=[call("bad"), Decision.complete()],
+                          tools=[FuncTool("bad", bad, timeout=5)])
+    run = d.start("g", limits(), run_id="r")
+    assert run.status == "COMPLETED"
+    obs = store.list_steps("r")[0].observation
+    assert (obs.kind, obs.summary) == ("tool_error", "bad panicked")
+    assert json.loads(obs.content) == {"error": error, "tool": "bad"}
+    settled(store, "r")
+
+
+def test_a_tool_error_with_a_megabyte_message_is_recorded_whole():
+    text = "x" * 1_000_000
+
+    def loud(c):
+        raise ToolError(text)
+
+    d, store, _, _ = make(script=[call("loud"), Decision.complete()],
+                          tools=[FuncTool("loud", loud, timeout=5)])
+    assert d.start("g", limits(), run_id="r").status == "COMPLETED"
+    obs = store.list_steps("r")[0].observation
+    assert json.loads(obs.content)["error"] == text
+    assert obs.summary == f"loud error: {text}"
+    settled(store, "r")
+
+
+@pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
+def test_an_async_tool_and_an_async_agent_are_recorded_errors_not_hangs():
+    async def tool_fn(c):
+        return ToolResult(b"{}", "never")
+
+    async def agent_fn(step):
+        return Decision.complete()
+
+    d, store, _, _ = make(script=[call("a"), agent_fn], tools=[FuncTool("a", tool_fn, timeout=5)])
+    run = d.start("g", limits(), run_id="r")
+    assert (run.status, run.reason, run.reason_detail) == (
+        "FAILED", "agent_error", "the agent returned coroutine, not a Decision")
+    first = store.list_steps("r")[0].observation
+    assert first.summary == "a error: the tool returned coroutine, not a ToolResult"
+    settled(store, "r")
+
+
+def test_large_compact_tool_content_is_recorded_whole_with_its_hash():
+    content = b'{"blob":"' + b"a" * (8 << 20) + b'"}'
+    tool = FuncTool("big", lambda c: ToolResult(content, "big"), timeout=30)
+    d, store, _, _ = make(script=[call("big"), Decision.complete()], tools=[tool])
+    assert d.start("g", limits(), run_id="r").status == "COMPLETED"
+    step = store.list_steps("r")[0]
+    assert step.observation.content == content
+    finished = json.loads(store.list_events("r")[6].payload)
+    assert finished["content_hash"] == step.observation.content_hash
+    settled(store, "r")
+
+
+# -- agents ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("decision", "says"), [
+    (Decision.tool_call("t" * 1_000_000, b"{}"), 'invalid decision: unknown tool "ttt'),
+    (Decision.tool_call("read", b'{"a":' * 10_000 + b"1" + b"}" * 10_000),
+     "invalid decision: arguments are not usable JSON: nested deeper than 256 levels"),
+    (Decision.tool_call("read", "[" * 100_000 + "]" * 100_000),
+     "invalid decision: arguments are not usable JSON: nested deeper than 256 levels"),
+    (Decision.tool_call("read", b'{"n":NaN}'),
+     "invalid decision: arguments are not usable JSON: not valid JSON"),
+])
+def test_absurd_decisions_become_invalid_decisions_and_the_run_goes_on(decision, says):
+    d, store, _, _ = make(script=[decision, Decision.complete()])
+    assert d.start("g", limits(), run_id="r").status == "COMPLETED"
+    step = store.list_steps("r")[0]
+    assert (step.status, step.observation.kind) == ("failed", "invalid_decision")
+    assert step.observation.summary.startswith(says)
+    settled(store, "r")
+
+
+# -- policies --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("returned", "name"), [(None, "NoneType"), ("allow", "str"),
+                                                 ({"outcome": "allow"}, "dict")])
+def test_a_policy_returning_something_else_is_a_policy_error_and_no_tool_runs(returned, name):
+    calls: list = []
+    d, store, _, _ = make(script=[call("read", b'{"n":1}')],
+                          tools=[static_tool("read", calls=calls)],
+                          policy=PolicyFunc(lambda r, v: returned))
+    run = d.start("g", limits(), run_id="r")
+    assert (run.status, run.reason, run.reason_detail) == (
+        "FAILED", "internal_error", f"policy: the policy returned {name}, not a PolicyDecision")
+    assert calls == [] and "step.policy" not in types(store, "r")
+    settled(store, "r")
+
+
+def test_an_operator_cancel_made_while_the_policy_rules_runs_no_tool():
+    holder: dict = {}
+    calls: list = []
+
+    def rule(request, view):
+        cancel(holder["store"], "r", "operator", "stop")
+        return PolicyDecision.allow()
+
+    d, store, _, _ = make(script=[call("read")], tools=[static_tool("read", calls=calls)],
+                          policy=PolicyFunc(rule))
+    holder["store"] = store
+    run = d.start("g", limits(), run_id="r")
+    assert (run.status, run.reason) == ("CANCELLED", "operator_cancelled")
+    assert calls == []
+    assert "step.tool_started" not in types(store, "r")
+    assert types(store, "r")[-1] == "run.finished"
+    settled(store, "r")
+
+
+@pytest.mark.parametrize("pd", [
+    PolicyDecision("require_approval", "r", "k\udcff", b"{}", b"{}"),
+    PolicyDecision("require_approval", "why \ud800", "k", b"{}", b"{}"),
+])
+def test_a_pause_whose_text_holds_a_lone_surrogate_is_approved_and_runs_once(pd):
+    calls: list = []
+    d, store, _, _ = make(script=[call("read"), Decision.complete()],
+                          tools=[static_tool("read", calls=calls)],
+                          policy=PolicyFunc(lambda r, v: pd))
+    assert d.start("g", limits(), run_id="r").status == "WAITING_FOR_APPROVAL"
+    (a,) = store.list_approvals("r")
+    d.approve("r", a.id, "op")  # the stored hash is the hash of the stored request
+    assert d.resume("r").status == "COMPLETED" and len(calls) == 1
+    settled(store, "r")
+
+
+# -- model adapters, reconcilers, observers ----------------------------------------
+
+
+def stopped_with(reconcile):
+    """A run left RUNNING with its step deciding (the caller cancelled), whose own
+    driver, built with ``reconcile``, resumes it."""
+    token = CancelToken()
+
+    def decide(step):
+        token.cancel()
+        raise RuntimeError("stopped")
+
+    d, store, _, _ = make(script=[decide, Decision.complete()], reconcile=reconcile)
+    with pytest.raises(CancelledError):
+        d.start("g", limits(), run_id="r", cancel=token)
+    return d, store
+
+
+def test_a_model_that_returns_none_is_a_recorded_failed_call():
+    store = open_store(":memory:")
+    d = Driver(store, ModelToolAgent(), DefaultPolicy(), [static_tool("read")],
+               model=ModelConfig(ScriptedModel([None])))
+    run = d.start("g", limits(), run_id="r")
+    detail = "the model returned NoneType, not a ModelResponse"
+    assert (run.status, run.reason, run.reason_detail) == (
+        "FAILED", "model_unavailable", f"model unavailable after 1 attempt(s): {detail}")
+    [mc] = store.list_model_calls("r")
+    assert (mc.status, mc.error) == ("error", detail)
+    settled(store, "r")
+
+
+@pytest.mark.parametrize(("returned", "name"), [(None, "NoneType"), ("continue", "str")])
+def test_a_reconciler_returning_something_else_fails_the_run_as_internal(returned, name):
+    d, store = stopped_with(lambda view: returned)
+    run = d.resume("r")
+    assert (run.status, run.reason, run.reason_detail) == (
+        "FAILED", "internal_error", f"reconcile: returned {name}, not a Reconciliation")
+    assert store.list_steps("r")[0].status == "interrupted"
+    settled(store, "r")
+
+
+def test_a_reconciler_sees_interrupted_steps_and_completes_with_a_surrogate_in_its_detail():
+    seen: list = []
+
+    def rec(view):
+        seen.append([s.status for s in view.steps])
+        return Reconciliation("completed", "done \ud800", b'{"ok":true}')
+
+    d, store = stopped_with(rec)
+    run = d.resume("r")
+    assert seen == [["interrupted"]]
+    assert (run.status, run.reason_detail, run.result) == (
+        "COMPLETED", "completed by reconciliation: done \ufffd", b'{"ok":true}')
+    settled(store, "r")
+
+
+def test_an_observer_that_blocks_past_the_lease_ttl_does_not_lose_the_lease():
+    def slow(event):
+        if event.type == "step.decided":
+            time.sleep(0.6)  # more than twice the TTL: only the heartbeat keeps the lease
+
+    store = open_store(":memory:")
+    d = Driver(store, ScriptedAgent([call("read"), Decision.complete()]), DefaultPolicy(),
+               [static_tool("read")], observer=slow, lease_ttl=0.25)
+    run = d.start("g", limits(), run_id="r")
+    assert run.status == "COMPLETED"
+    assert "lease.taken_over" not in types(store, "r")
+    assert [s.status for s in store.list_steps("r")] == ["done", "done"]
+    settled(store, "r")
+
+
+def test_an_agent_may_call_its_steps_model_from_another_thread_during_the_step():
+    def decide(step):
+        out: list = []
+        t = threading.Thread(target=lambda: out.append(step.model.generate(
+            ModelRequest([Message("user", "hi")], max_output_tokens=5))))
+        t.start()
+        t.join(10)
+        return Decision.complete(json.dumps({"text": out[0].text}))
+
+    store = open_store(":memory:")
+    d = Driver(store, AgentFunc(decide), DefaultPolicy(), [static_tool("read")],
+               model=ModelConfig(ScriptedModel([ModelResponse("hi", usage=Usage(2, 1))])))
+    run = d.start("g", limits(), run_id="r")
+    assert (run.status, run.result, run.model_calls) == ("COMPLETED", b'{"text": "hi"}', 1)
+    [mc] = store.list_model_calls("r")
+    assert (mc.status, mc.step_id) == ("ok", store.list_steps("r")[0].id)
+    settled(store, "r")
