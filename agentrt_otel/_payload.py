@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from agentrt.gojson import raw_members
+from agentrt.gojson import STRING_PATTERN, raw_members
 from agentrt_otel.text import truncate
 
 __all__ = ["FLAG", "NUM", "STR", "TEXT", "Field", "Payload"]
@@ -70,7 +70,7 @@ def _member_text(data: bytes, key: str, text: bytes) -> bool:
 #: could read what the first pass did not. Go's limit is 10,000; the runtime
 #: itself writes nothing deeper than its 256-level boundary check allows.
 _MAX_RAW_DEPTH = 512
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_JSON_STRING = re.compile(STRING_PATTERN, re.DOTALL)
 _BRACKETS = re.compile(rb"[\[\]{}]")
 
 
