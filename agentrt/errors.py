@@ -27,11 +27,24 @@ __all__ = [
     "SymlinkError",
     "UnsafeSchemaError",
     "described",
+    "exception_text",
 ]
 
 
 #: The longest value :func:`described` quotes.
 _MAX_SHOWN = 60
+
+
+def exception_text(exc: BaseException) -> str:
+    """What an exception from consumer code says, for the record: its ``str()``,
+    or its type's name when that is empty, not a str, or raises. How a tool's,
+    agent's or model's error prints must not be able to break the recording of
+    the failure it stands for."""
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - a __str__ that fails says nothing usable
+        text = ""
+    return text if isinstance(text, str) and text else type(exc).__name__
 
 
 def described(value: object) -> str:

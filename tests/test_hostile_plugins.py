@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 from _driver_kit import call, limits, make, types
@@ -32,9 +33,10 @@ from agentrt.driver import (
     Reconciliation,
     ToolError,
     ToolResult,
+    TransientError,
     cancel,
 )
-from agentrt.records import Decision, PolicyDecision, Usage
+from agentrt.records import Decision, PolicyDecision, ToolSpec, Usage
 from agentrt.store import open_store
 from agentrt.testing import ModelToolAgent, ScriptedAgent, ScriptedModel, static_tool
 
@@ -301,4 +303,138 @@ def test_an_agent_may_call_its_steps_model_from_another_thread_during_the_step()
     assert (run.status, run.result, run.model_calls) == ("COMPLETED", b'{"text": "hi"}', 1)
     [mc] = store.list_model_calls("r")
     assert (mc.status, mc.step_id) == ("ok", store.list_steps("r")[0].id)
+    settled(store, "r")
+
+
+# -- consumer code whose errors do not print, and specs and names that fail ------
+
+
+class Unprintable(Exception):
+    def __str__(self):
+        raise ValueError("no text")
+
+
+class NotText(Exception):
+    def __str__(self):
+        return 5  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("exc", [Unprintable(), NotText()], ids=["raises", "not-a-str"])
+def test_an_error_that_cannot_be_printed_is_recorded_under_its_type_name(exc):
+    name = type(exc).__name__
+
+    def tool(c):
+        raise exc
+
+    d, store, _, _ = make(script=[call("t"), exc], tools=[FuncTool("t", tool, timeout=5)])
+    run = d.start("g", limits(), run_id="r")
+    assert (run.status, run.reason, run.reason_detail) == ("FAILED", "agent_error", name)
+    obs = store.list_steps("r")[0].observation
+    assert json.loads(obs.content) == {"error": f"panic: {name}: {name}", "tool": "t"}
+    settled(store, "r")
+
+    def policy(request, view):
+        raise exc
+
+    d, store, _, _ = make(script=[call("read")], tools=[static_tool("read")],
+                          policy=PolicyFunc(policy))
+    run = d.start("g", limits(), run_id="r")
+    assert (run.status, run.reason, run.reason_detail) == (
+        "FAILED", "internal_error", f"policy: {name}")
+    settled(store, "r")
+
+
+def test_a_model_error_that_cannot_be_printed_is_a_recorded_failed_call():
+    store = open_store(":memory:")
+    d = Driver(store, ModelToolAgent(), DefaultPolicy(), [static_tool("read")],
+               model=ModelConfig(ScriptedModel([Unprintable()])))
+    run = d.start("g", limits(), run_id="r")
+    assert (run.status, run.reason) == ("FAILED", "model_unavailable")
+    [c] = store.list_model_calls("r")
+    assert (c.status, c.error) == ("error", "Unprintable")
+    settled(store, "r")
+
+
+def test_a_reconciler_whose_error_cannot_be_printed_fails_the_run_as_internal():
+    def reconcile(view):
+        raise Unprintable()
+
+    d, store = stopped_with(reconcile)
+    run = d.resume("r")
+    assert (run.status, run.reason, run.reason_detail) == (
+        "FAILED", "internal_error", "reconcile: Unprintable")
+    settled(store, "r")
+
+
+class Named:
+    """A model whose ``name()`` raises ``name`` when it is an exception, or returns it."""
+
+    def __init__(self, name):
+        self._name = name
+
+    def name(self):
+        if isinstance(self._name, Exception):
+            raise self._name
+        return self._name
+
+    def generate(self, request, cancel):
+        return ModelResponse("done")
+
+
+@pytest.mark.parametrize(("name", "says"), [
+    (RuntimeError("name service down"),
+     "the model's name() raised RuntimeError: name service down"),
+    (["a"], "the model's name() returned a list, not a str"),
+    (None, "the model's name() returned None, not a str"),
+    (5, "the model's name() returned an int (5), not a str"),
+])
+def test_a_model_whose_name_cannot_be_read_ends_the_run_model_unavailable(name, says):
+    store = open_store(":memory:")
+    d = Driver(store, ModelToolAgent(), DefaultPolicy(), [static_tool("read")],
+               model=ModelConfig(Named(name)))
+    run = d.start("g", limits(), run_id="r")
+    assert (run.status, run.reason) == ("FAILED", "model_unavailable")
+    assert run.reason_detail == f"model unavailable after 0 attempt(s): {says}"
+    assert store.list_model_calls("r") == []
+    settled(store, "r")
+
+
+class FailingSpec:
+    """A read-only tool whose ``spec()`` raises from its ``after``-th call on."""
+
+    def __init__(self, after: int) -> None:
+        self.calls, self.after = 0, after
+
+    def spec(self):
+        self.calls += 1
+        if self.calls > self.after:
+            raise RuntimeError("spec source unavailable")
+        return ToolSpec("read", "", b'{"type":"object"}', "read_only", timedelta(seconds=5))
+
+    def call(self, c):
+        return ToolResult(b"{}", "read")
+
+
+def test_a_tool_whose_spec_starts_failing_is_left_out_and_calling_it_is_an_invalid_decision():
+    d, store, _, _ = make(script=[call("read"), Decision.complete()], tools=[FailingSpec(3)])
+    run = d.start("g", limits(), run_id="r")
+    assert run.status == "COMPLETED"
+    first = store.list_steps("r")[0]
+    assert first.observation.kind == "invalid_decision"
+    assert "spec() raised RuntimeError: spec source unavailable" in first.observation.summary
+    settled(store, "r")
+
+
+def test_a_retry_after_in_seconds_is_honoured_and_one_of_another_type_is_refused_where_made():
+    assert TransientError("429", retry_after=2).retry_after == timedelta(seconds=2)
+    assert TransientError("429", retry_after=0.5).retry_after == timedelta(milliseconds=500)
+    with pytest.raises(TypeError, match=r"retry_after is a str \('soon'\), not a timedelta or "
+                                        "a number of seconds"):
+        TransientError("429", retry_after="soon")  # type: ignore[arg-type]
+    store = open_store(":memory:")
+    model = ScriptedModel([TransientError("429", retry_after=0.01), ModelResponse("done")])
+    run = Driver(store, ModelToolAgent(), DefaultPolicy(), [static_tool("read")],
+                 model=ModelConfig(model, max_retries=1)).start("g", limits(), run_id="r")
+    assert run.status == "COMPLETED"
+    assert [c.status for c in store.list_model_calls("r")] == ["error", "ok"]
     settled(store, "r")

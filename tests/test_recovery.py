@@ -25,7 +25,7 @@ from agentrt.driver import (
     reject,
 )
 from agentrt.errors import LeaseLostError, RunLeasedError, RunStateError
-from agentrt.records import Decision, PolicyDecision
+from agentrt.records import Decision, PolicyDecision, ToolSpec
 from agentrt.store import open_store
 from agentrt.testing import FakeClock, ScriptedAgent, static_tool
 
@@ -165,6 +165,33 @@ def test_an_unregistered_interrupted_tool_cannot_wait_and_fails_the_run(crashed)
     assert run.reason_detail == (
         "step 0 was interrupted while executing a tool call whose outcome is unknown, and it "
         'cannot wait for an operator: tool "write" is not registered')
+
+
+class _SpecFails:
+    """The interrupted tool, registered again, whose ``spec()`` fails by the takeover."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def spec(self):
+        self.calls += 1
+        if self.calls > 2:  # registration reads it twice
+            raise RuntimeError("spec source unavailable")
+        return ToolSpec("write", "", SCHEMA_N, "read_only", timedelta(seconds=5))
+
+    def call(self, c):
+        return ToolResult(b"{}", "written")
+
+
+def test_an_interrupted_tool_whose_spec_cannot_be_read_cannot_wait_and_fails_the_run(crashed):
+    c = crashed()
+    run = c.resumer([None], tools=[_SpecFails()]).resume("r")
+    assert (run.status, run.reason) == ("FAILED", "reconcile_conflict")
+    assert run.reason_detail == (
+        "step 0 was interrupted while executing a tool call whose outcome is unknown, and it "
+        'cannot wait for an operator: tool "write": spec() raised RuntimeError: '
+        "spec source unavailable")
+    assert c.store.verify_events().broken is None
 
 
 def test_the_interrupted_side_effect_survives_a_crash_after_the_takeover(crashed):

@@ -9,10 +9,11 @@ model adapter raises (:class:`ToolError`, :class:`AbortRun`, :class:`TransientEr
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 from typing import TypeVar
 
-from agentrt.errors import AgentrtError
+from agentrt.errors import AgentrtError, described
 from agentrt.records import Usage
 
 __all__ = [
@@ -61,9 +62,25 @@ class TransientError(Exception):
     """A model failure worth retrying (a 429 or 5xx); ``retry_after`` is the
     provider's Retry-After, honoured up to ``ModelConfig.max_retry_after``."""
 
-    def __init__(self, message: str, retry_after: timedelta | None = None) -> None:
-        self.retry_after = retry_after
+    def __init__(self, message: str, retry_after: timedelta | float | None = None) -> None:
+        self.retry_after = _retry_after(retry_after)
         super().__init__(message)
+
+
+#: Longer than any max_retry_after, which such a wait exceeds: the call fails at once.
+_LONGEST_RETRY_AFTER = timedelta(days=365 * 100)
+
+
+def _retry_after(value: object) -> timedelta | None:
+    """A Retry-After as a timedelta: one given in seconds (as the header says it)
+    is converted; anything else is refused here, in the adapter that made it,
+    rather than failing a comparison deep in the retry loop."""
+    if value is None or isinstance(value, timedelta):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return timedelta(seconds=min(value, _LONGEST_RETRY_AFTER.total_seconds()))
+    raise TypeError(f"TransientError retry_after is {described(value)}, "
+                    "not a timedelta or a number of seconds")
 
 
 class ServedError(Exception):

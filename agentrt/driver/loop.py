@@ -34,7 +34,13 @@ from agentrt.driver.snapshot import copy_run
 from agentrt.driver.stored import evolve
 from agentrt.driver.toolrun import ToolOutcome, run_tool
 from agentrt.driver.tools import check_args
-from agentrt.errors import EncodeError, LeaseLostError, RunLeasedError, RunStateError
+from agentrt.errors import (
+    EncodeError,
+    LeaseLostError,
+    RunLeasedError,
+    RunStateError,
+    exception_text,
+)
 from agentrt.events import EventType
 from agentrt.gojson import Raw, encode_string, sorted_map
 from agentrt.records import (
@@ -132,10 +138,13 @@ def _decide(s: Session, run: Run, step: Step) -> Run | None:
     assert core.agent is not None and s.steps is not None
     model = None
     if core.model is not None:
-        model = ModelCaller(
-            config=core.model, store=core.store, run_id=s.run_id, step_id=step.id,
-            step_started_at=step.started_at, owner=core.owner, lease=s.lease, now=core.now,
-            wall=core.wall, new_id=core.new_id, observer=core.observer, cancel=s.cancel)
+        try:
+            model = ModelCaller(
+                config=core.model, store=core.store, run_id=s.run_id, step_id=step.id,
+                step_started_at=step.started_at, owner=core.owner, lease=s.lease, now=core.now,
+                wall=core.wall, new_id=core.new_id, observer=core.observer, cancel=s.cancel)
+        except ModelUnavailableError as exc:  # the model's name() failed
+            return _agent_failed(s, step, exc)
     current: dict[str, Current | ValueError] = {}
     for name, registered in core.tools.items():
         try:
@@ -206,7 +215,7 @@ def _agent_failed(s: Session, step: Step, exc: Exception) -> Run | None:
         reason = Reason.MODEL_UNAVAILABLE.value
     else:
         reason = Reason.AGENT_ERROR.value
-    text = str(exc) or type(exc).__name__
+    text = exception_text(exc)
     end = StepEnd(evolve(step, status=StepStatus.FAILED.value), DECIDING,
                   detail=f"agent error: {text}")
     ending = Ending(RunStatus.FAILED.value, reason, text,
@@ -427,7 +436,7 @@ def apply(
                   # the approval wait is not active time
                   started_at=resumed_at if grant is not None else step.started_at)
     if perr is not None or pd is None:
-        text = str(perr) or type(perr).__name__
+        text = exception_text(perr) if perr is not None else "None"
         end = StepEnd(evolve(step, status=StepStatus.FAILED.value), expected,
                       detail=f"policy error: {text}")
         return s.settle(from_, Ending(RunStatus.FAILED.value, Reason.INTERNAL_ERROR.value,

@@ -32,7 +32,7 @@ from agentrt.driver.errors import (
 )
 from agentrt.driver.lease import Lease, WallClock
 from agentrt.driver.worker import call_in_thread
-from agentrt.errors import LeaseLostError, NotFoundError, RunStateError, described
+from agentrt.errors import LeaseLostError, NotFoundError, RunStateError, described, exception_text
 from agentrt.events import EventType, Observer
 from agentrt.gojson import dumps, sorted_map
 from agentrt.records import ModelCallStatus, Reason, RunStatus, ToolSpec, Usage
@@ -256,6 +256,20 @@ class _Attempt:
     retry_after: timedelta | None = None
 
 
+def _model_name(model: Model) -> str:
+    """The model's ``name()``, which every attempt records and prices by. One that
+    raises or is not a str makes the model unusable for the step (the run ends
+    ``model_unavailable``), not a failure in the middle of the step's bookkeeping."""
+    try:
+        name = model.name()
+    except Exception as exc:  # noqa: BLE001 - consumer code; said in the record
+        raise ModelUnavailableError(
+            0, f"the model's name() raised {type(exc).__name__}: {exception_text(exc)}") from exc
+    if not isinstance(name, str):
+        raise ModelUnavailableError(0, f"the model's name() returned {described(name)}, not a str")
+    return name
+
+
 class ModelCaller:
     """The model as one step's agent sees it; safe to call from several threads."""
 
@@ -278,7 +292,7 @@ class ModelCaller:
         assert config.model is not None
         self._config = config
         self._model = config.model
-        self._name = config.model.name()
+        self._name = _model_name(config.model)
         self._price = config.prices.get(self._name)
         self._store = store
         self._run_id = run_id
@@ -297,6 +311,7 @@ class ModelCaller:
     @property
     def name(self) -> str:
         return self._name
+
 
     def generate(self, request: ModelRequest) -> ModelResponse:
         """Call the model, retrying what is worth retrying.
@@ -473,12 +488,12 @@ class ModelCaller:
             if self._cancel.cancelled:
                 done.raise_ = CancelledError(self._cancel.reason)
             return done
-        text = str(exc)
+        text = exception_text(exc)
         unusable = exc if isinstance(exc, UnusableUsageError) else (
             exc.__cause__ if isinstance(exc, ServedError)
             and isinstance(exc.__cause__, UnusableUsageError) else None)
         if unusable is not None:
-            text = str(unusable)
+            text = exception_text(unusable)
             if not text.startswith("unusable usage"):
                 text = f"unusable usage: {text}"
             return _Attempt(error, estimate, estimate_cost, text,

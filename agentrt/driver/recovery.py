@@ -11,7 +11,7 @@ call that was executing (and is not read-only) on an
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -26,8 +26,8 @@ from agentrt.driver.session import (
     observation,
 )
 from agentrt.driver.snapshot import copy_run
-from agentrt.driver.tools import check_args
-from agentrt.errors import RunLeasedError
+from agentrt.driver.tools import RegisteredTool, check_args
+from agentrt.errors import RunLeasedError, exception_text
 from agentrt.events import EventType
 from agentrt.gojson import Raw, dumps, sorted_map
 from agentrt.records import (
@@ -130,12 +130,22 @@ def recover(s: Session) -> Run | None:
         return s.fail_internal(problem, ACTIVE)
     if core.reconcile is not None:
         return _reconcile(s, run, executing, now)
-    if executing is not None:
-        registered = core.tools.get(executing.decision.tool) if executing.decision else None
-        if registered is None or registered.current()[0].side_effect != SideEffect.READ_ONLY:
-            return _pause_interrupted(s, executing, now)
+    if executing is not None and not _read_only(core.tools, executing):
+        return _pause_interrupted(s, executing, now)
     _continue(s, now)
     return None
+
+
+def _read_only(tools: Mapping[str, RegisteredTool], step: Step) -> bool:
+    """Whether the step's tool is registered and states itself read-only now; a
+    tool whose spec cannot be read is not (its pause then says why it cannot wait)."""
+    registered = tools.get(step.decision.tool) if step.decision else None
+    if registered is None:
+        return False
+    try:
+        return registered.current()[0].side_effect == SideEffect.READ_ONLY
+    except ValueError:
+        return False
 
 
 def _continue(s: Session, now: datetime) -> None:
@@ -217,7 +227,8 @@ def _reconcile(s: Session, run: Run, executing: Step | None, now: datetime) -> R
     try:
         rec = core.reconcile(view)
     except Exception as exc:  # noqa: BLE001 - a reconcile error fails the run
-        return s.settle(ACTIVE, _failed(Reason.INTERNAL_ERROR, f"reconcile: {exc}"))
+        return s.settle(ACTIVE, _failed(Reason.INTERNAL_ERROR,
+                                        f"reconcile: {exception_text(exc)}"))
     if not isinstance(rec, Reconciliation):
         return s.settle(ACTIVE, _failed(
             Reason.INTERNAL_ERROR,

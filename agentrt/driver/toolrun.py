@@ -18,6 +18,7 @@ from agentrt.driver.errors import AbortRun, ToolError
 from agentrt.driver.session import observation
 from agentrt.driver.tools import Tool, ToolCall, ToolResult
 from agentrt.driver.worker import Worker
+from agentrt.errors import exception_text
 from agentrt.records import Observation, ObservationKind, ToolSpec, duration_ns
 from agentrt.timefmt import format_duration
 
@@ -105,7 +106,7 @@ def run_tool(worker: Worker, tool: Tool, spec: ToolSpec, run_id: str, step_id: s
         obs = observation(_ERROR, {"error": exc.detail, "failure": "abort", "tool": name},
                           f"{name} aborted the run: {exc.detail}")
         return ToolOutcome(obs, duration_ms, abort=exc.detail, cancelled=caller.cancelled)
-    text = str(exc) or type(exc).__name__
+    text = exception_text(exc)
     if caller.cancelled:
         return _cancelled(name, text, duration_ms)
     if isinstance(exc, ToolError):

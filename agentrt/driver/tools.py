@@ -28,7 +28,7 @@ from agentrt.canonical import check_json
 from agentrt.driver.cancel import CancelToken
 from agentrt.driver.checks import check_callable, check_method, check_text, wait_duration
 from agentrt.driver.errors import ConfigError
-from agentrt.errors import described
+from agentrt.errors import described, exception_text
 from agentrt.records import SideEffect, ToolSpec
 
 __all__ = [
@@ -302,9 +302,14 @@ class RegisteredTool:
     def current(self) -> tuple[ToolSpec, str, bytes, jsonschema.protocols.Validator]:
         """(spec, spec hash, canonical spec text, validator) as the tool states it now.
 
-        Raises ValueError when the spec the tool now returns cannot be compiled.
+        Raises ValueError when the spec the tool now returns cannot be compiled,
+        or when ``spec()`` itself raises (the loop then treats the tool as it
+        treats one with a broken spec, instead of stopping mid-step).
         """
-        spec = self.tool.spec()
+        try:
+            spec = self.tool.spec()
+        except Exception as exc:  # noqa: BLE001 - consumer code; said in the record
+            raise ValueError(f"spec() raised {type(exc).__name__}: {exception_text(exc)}") from exc
         if not isinstance(spec, ToolSpec):
             raise ValueError(f"spec() returned {described(spec)}, not a ToolSpec")
         key = (spec.name, spec.description, spec.input_schema, spec.side_effect,
