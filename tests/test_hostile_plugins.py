@@ -438,3 +438,25 @@ def test_a_retry_after_in_seconds_is_honoured_and_one_of_another_type_is_refused
     assert run.status == "COMPLETED"
     assert [c.status for c in store.list_model_calls("r")] == ["error", "ok"]
     settled(store, "r")
+
+
+@pytest.mark.parametrize(("rec", "says"), [
+    (Reconciliation(None), "the reconciliation's outcome is None, not a str"),
+    (Reconciliation("conflict", None), "the reconciliation's detail is None, not a str"),
+    (Reconciliation("conflict", 1.5), "the reconciliation's detail is a float (1.5), not a str"),
+    (Reconciliation("completed", "ok", '{"a":1}'),
+     "the reconciliation's result is a str ('{\"a\":1}'), not JSON as bytes"),
+    (Reconciliation("waiting", pause={"outcome": "require_approval"}),
+     "the reconciliation's pause is a dict, not a PolicyDecision"),
+    (Reconciliation("waiting", pause=PolicyDecision("require_approval", None)),
+     "the reconciliation's pause has a NoneType reason, not a str"),
+    (Reconciliation("waiting", pause=PolicyDecision("require_approval", "r", capability="c")),
+     "the reconciliation's pause has a str capability, not JSON as bytes "
+     "(PolicyDecision.need_approval encodes a value)"),
+])
+def test_a_reconciliation_with_a_field_of_the_wrong_type_fails_the_run_as_internal(rec, says):
+    d, store = stopped_with(lambda view: rec)
+    run = d.resume("r")
+    assert (run.status, run.reason, run.reason_detail) == (
+        "FAILED", "internal_error", f"reconcile: {says}")
+    settled(store, "r")

@@ -359,24 +359,24 @@ def evaluate(s: Session, request: ToolRequest, view: RunView,
     if not (isinstance(pd.outcome, str) and isinstance(pd.reason, str)
             and isinstance(pd.kind, str) and (cap is None or isinstance(cap, bytes))
             and (pres is None or isinstance(pres, bytes))):
-        return None, TypeError(_mistyped_policy(pd))
+        return None, TypeError(mistyped_policy(pd))
     return pd, None
 
 
-def _mistyped_policy(pd: PolicyDecision) -> str:
-    """Why the policy's decision holds a field of the wrong type, or ''."""
+def mistyped_policy(pd: PolicyDecision, whose: str = "the policy's decision") -> str:
+    """Why a policy decision holds a field of the wrong type, or ''."""
     texts: tuple[tuple[str, object], ...] = (
         ("outcome", pd.outcome), ("reason", pd.reason), ("kind", pd.kind))
     for name, value in texts:
         if not isinstance(value, str):
-            return f"the policy's decision has a {type(value).__name__} {name}, not a str"
+            return f"{whose} has a {type(value).__name__} {name}, not a str"
     parts: tuple[tuple[str, object], ...] = (
         ("capability", pd.capability), ("presentation", pd.presentation))
     for name, value in parts:
         if value is not None and not isinstance(value, bytes):
-            return (f"the policy's decision has a {type(value).__name__} {name}, not JSON "
+            return (f"{whose} has a {type(value).__name__} {name}, not JSON "
                     "as bytes (PolicyDecision.need_approval encodes a value)")
-    return "the policy's decision has a field of the wrong type"  # pragma: no cover
+    return ""
 
 
 # -- the policy's ruling -------------------------------------------------------

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from agentrt.canonical import check_json
-from agentrt.driver.loop import _q
+from agentrt.driver.loop import _q, mistyped_policy
 from agentrt.driver.policy import RunView
 from agentrt.driver.session import (
     ACTIVE,
@@ -27,7 +27,7 @@ from agentrt.driver.session import (
 )
 from agentrt.driver.snapshot import copy_run
 from agentrt.driver.tools import RegisteredTool, check_args
-from agentrt.errors import RunLeasedError, exception_text
+from agentrt.errors import RunLeasedError, described, exception_text
 from agentrt.events import EventType
 from agentrt.gojson import Raw, dumps, sorted_map
 from agentrt.records import (
@@ -233,6 +233,9 @@ def _reconcile(s: Session, run: Run, executing: Step | None, now: datetime) -> R
         return s.settle(ACTIVE, _failed(
             Reason.INTERNAL_ERROR,
             f"reconcile: returned {type(rec).__name__}, not a Reconciliation"))
+    mistyped = _mistyped(rec)
+    if mistyped:
+        return s.settle(ACTIVE, _failed(Reason.INTERNAL_ERROR, f"reconcile: {mistyped}"))
     outcome = rec.outcome
     if outcome == ReconcileOutcome.CONTINUE:
         _continue(s, now)
@@ -252,6 +255,20 @@ def _reconcile(s: Session, run: Run, executing: Step | None, now: datetime) -> R
         return _reconcile_wait(s, rec, executing, now)
     return s.settle(ACTIVE, _failed(Reason.INTERNAL_ERROR,
                                     f"reconcile: unknown outcome {_q(outcome)}"))
+
+
+def _mistyped(rec: Reconciliation) -> str:
+    """Why a reconciliation holds a field its record cannot take, or '' (checked as
+    a policy's decision is: a wrong type fails the run, not the resume)."""
+    for name, value in (("outcome", rec.outcome), ("detail", rec.detail)):
+        if not isinstance(value, str):
+            return f"the reconciliation's {name} is {described(value)}, not a str"
+    if rec.result is not None and not isinstance(rec.result, bytes):
+        return f"the reconciliation's result is {described(rec.result)}, not JSON as bytes"
+    pd = rec.pause
+    if pd is not None and not isinstance(pd, PolicyDecision):
+        return f"the reconciliation's pause is {described(pd)}, not a PolicyDecision"
+    return mistyped_policy(pd, "the reconciliation's pause") if pd is not None else ""
 
 
 def _reconcile_wait(s: Session, rec: Reconciliation, executing: Step | None,
