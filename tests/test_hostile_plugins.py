@@ -306,6 +306,79 @@ def test_an_agent_may_call_its_steps_model_from_another_thread_during_the_step()
     settled(store, "r")
 
 
+class Slow:
+    """A model that answers after ``delay`` seconds."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    def name(self):
+        return "slow"
+
+    def generate(self, request, cancel):
+        time.sleep(self.delay)
+        return ModelResponse("x", usage=Usage(1, 1))
+
+
+REQUEST = ModelRequest([Message("user", "hi")], max_output_tokens=5)
+
+
+def test_a_model_caller_used_after_its_steps_decision_is_refused_and_nothing_is_charged():
+    late: list = []
+
+    def step0(step):
+        def later():
+            time.sleep(0.1)  # the step has decided by now
+            try:
+                step.model.generate(REQUEST)
+            except Exception as exc:  # noqa: BLE001
+                late.append(exc)
+
+        threading.Thread(target=later).start()
+        return call("read")
+
+    def step1(step):
+        time.sleep(0.3)
+        return Decision.complete()
+
+    store = open_store(":memory:")
+    run = Driver(store, ScriptedAgent([step0, step1]), DefaultPolicy(), [static_tool("read")],
+                 model=ModelConfig(Slow(0))).start("g", limits(), run_id="r")
+    assert (run.status, run.model_calls) == ("COMPLETED", 0)
+    assert [type(e).__name__ for e in late] == ["SessionClosedError"]
+    step = store.list_steps("r")[0]
+    assert str(late[0]) == (f"agentrt: session is closed: the model caller of step {step.id} "
+                            "was used after the step's decision was made; call the model "
+                            "from within decide()")
+    assert store.list_model_calls("r") == []
+    settled(store, "r")
+
+
+def test_a_call_left_running_past_its_step_counts_against_the_next_steps_limit():
+    stray: list = []
+
+    def step0(step):
+        t = threading.Thread(target=step.model.generate, args=(REQUEST,))
+        t.start()
+        stray.append(t)
+        time.sleep(0.05)  # dispatched: in flight while the next step asks
+        return call("read")
+
+    def step1(step):
+        step.model.generate(REQUEST)
+        return Decision.complete()
+
+    store = open_store(":memory:")
+    run = Driver(store, ScriptedAgent([step0, step1]), DefaultPolicy(), [static_tool("read")],
+                 model=ModelConfig(Slow(0.3))).start("g", limits(max_model_calls=1),
+                                                      run_id="r")
+    stray[0].join(5)
+    assert (run.status, run.reason, run.reason_detail) == (
+        "FAILED", "limit_model_calls", "limit_model_calls: 1 model calls made, limit 1")
+    assert len(store.list_model_calls("r")) == 1
+    assert store.verify_events().broken is None
+
+
 # -- consumer code whose errors do not print, and specs and names that fail ------
 
 

@@ -142,7 +142,8 @@ def _decide(s: Session, run: Run, step: Step) -> Run | None:
             model = ModelCaller(
                 config=core.model, store=core.store, run_id=s.run_id, step_id=step.id,
                 step_started_at=step.started_at, owner=core.owner, lease=s.lease, now=core.now,
-                wall=core.wall, new_id=core.new_id, observer=core.observer, cancel=s.cancel)
+                wall=core.wall, new_id=core.new_id, observer=core.observer, cancel=s.cancel,
+                in_flight=s.model_in_flight)
         except ModelUnavailableError as exc:  # the model's name() failed
             return _agent_failed(s, step, exc)
     current: dict[str, Current | ValueError] = {}
@@ -163,6 +164,9 @@ def _decide(s: Session, run: Run, step: Step) -> Run | None:
         decision = core.agent.decide(given)
     except Exception as exc:  # noqa: BLE001 - recorded as agent_error (or the limit it hit)
         return _agent_failed(s, step, exc)
+    finally:
+        if model is not None:
+            model.close()
     if not isinstance(decision, Decision):
         err = TypeError(f"the agent returned {type(decision).__name__}, not a Decision")
         return _agent_failed(s, step, err)

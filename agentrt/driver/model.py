@@ -32,7 +32,14 @@ from agentrt.driver.errors import (
 )
 from agentrt.driver.lease import Lease, WallClock
 from agentrt.driver.worker import call_in_thread
-from agentrt.errors import LeaseLostError, NotFoundError, RunStateError, described, exception_text
+from agentrt.errors import (
+    LeaseLostError,
+    NotFoundError,
+    RunStateError,
+    SessionClosedError,
+    described,
+    exception_text,
+)
 from agentrt.events import EventType, Observer
 from agentrt.gojson import dumps, sorted_map
 from agentrt.records import ModelCallStatus, Reason, RunStatus, ToolSpec, Usage
@@ -245,6 +252,16 @@ class _Reservation:
 
 
 @dataclass(slots=True)
+class InFlight:
+    """The attempts of a run's model calls that are dispatched and not yet
+    recorded, shared by the callers of every step of one loop: a call an agent
+    left running past its step still counts against the limits of the next."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    reservations: list[_Reservation] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class _Attempt:
     status: str
     usage: Usage
@@ -288,6 +305,7 @@ class ModelCaller:
         new_id: Callable[[], str],
         observer: Observer | None,
         cancel: CancelToken,
+        in_flight: InFlight,
     ) -> None:
         assert config.model is not None
         self._config = config
@@ -305,12 +323,20 @@ class ModelCaller:
         self._new_id = new_id
         self._observer = observer
         self._cancel = cancel
-        self._lock = threading.Lock()
-        self._inflight: list[_Reservation] = []
+        self._lock = in_flight.lock
+        self._inflight = in_flight.reservations
+        self._closed = False
 
     @property
     def name(self) -> str:
         return self._name
+
+    def close(self) -> None:
+        """End the caller with its step's decision: an attempt started later (from a
+        thread the agent left running) is refused, so every call is charged and
+        limited within its step. An attempt already dispatched still records."""
+        with self._lock:
+            self._closed = True
 
 
     def generate(self, request: ModelRequest) -> ModelResponse:
@@ -361,6 +387,10 @@ class ModelCaller:
 
     def _reserve(self, cap: int, estimate: Usage, estimate_cost: int) -> _Reservation:
         with self._lock:
+            if self._closed:
+                raise SessionClosedError(
+                    f"the model caller of step {self._step_id} was used after the step's "
+                    "decision was made; call the model from within decide()")
             run = self._store.get_run(self._run_id)
             limits = run.limits
             calls = run.model_calls + len(self._inflight)

@@ -26,6 +26,7 @@ from agentrt.driver.core import Core
 from agentrt.driver.errors import CancelledError
 from agentrt.driver.jsonenc import encode
 from agentrt.driver.lease import Lease
+from agentrt.driver.model import InFlight
 from agentrt.driver.policy import RunView
 from agentrt.driver.snapshot import Snapshot, copy_run
 from agentrt.driver.stored import (
@@ -188,6 +189,7 @@ class Session:
     steps: list[Step] | None = None
     approvals: list[Approval] | None = None
     worker: Worker = field(default_factory=Worker)
+    model_in_flight: InFlight = field(default_factory=InFlight)
     specs_written: set[str] = field(default_factory=set)
     signatures: dict[str, str] = field(default_factory=dict)
     _last: tuple[Step, tuple[str, str, str, str]] | None = None
