@@ -55,8 +55,9 @@ def system_now() -> datetime:
 
 
 def safe_observer(observer: Observer | None) -> Observer | None:
-    """An observer whose exception is logged, never raised into a loop whose
-    transaction has already committed."""
+    """An observer whose ``Exception`` is logged, never raised into a loop whose
+    transaction has already committed (what is not an Exception, a Ctrl-C,
+    still stops the program)."""
     if observer is None:
         return None
 
