@@ -72,6 +72,15 @@ def _worker(db: Path, run_id: str, ledger: Path) -> subprocess.Popen[str]:
                             stderr=subprocess.PIPE, text=True)
 
 
+def _rest(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """What a worker wrote after the line already read, once it has ended. Not
+    ``communicate()``: it reads the pipe itself and misses what ``readline()``
+    already buffered (a run that completed before the line was read)."""
+    proc.wait(timeout=60)
+    assert proc.stdout is not None and proc.stderr is not None
+    return proc.stdout.read(), proc.stderr.read()
+
+
 def _kill_randomly(db: Path, run_id: str, ledger: Path, rng: random.Random) -> int:
     """Kill workers on ``run_id`` until it has been killed KILLS_PER_RUN times
     or has ended; then let one finish it. Returns the kills that landed."""
@@ -82,7 +91,7 @@ def _kill_randomly(db: Path, run_id: str, ledger: Path, rng: random.Random) -> i
         assert proc.stdout.readline() == "ready\n", proc.communicate(timeout=30)
         time.sleep(rng.uniform(0, MAX_DELAY))
         proc.kill()
-        out, err = proc.communicate(timeout=30)
+        out, err = _rest(proc)
         if proc.returncode == 0:  # it finished before the kill
             assert out == "COMPLETED\n", err
             return kills
@@ -237,7 +246,7 @@ def _cancel_randomly(db: Path, rng: random.Random) -> str:
         assert proc.stdout.readline() == "ready\n", proc.communicate(timeout=30)
         time.sleep(rng.uniform(0, MAX_DELAY))
         said, complaint = operator.communicate("go\n", timeout=60)
-        out, err = proc.communicate(timeout=60)
+        out, err = _rest(proc)
         assert proc.returncode == 0 and "Traceback" not in err, err
         if operator.returncode == 0:
             assert out == "CANCELLED\n", (out, err)
