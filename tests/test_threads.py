@@ -480,3 +480,32 @@ def cancels_racing_live_loops(path: str) -> None:
 def test_random_cancels_racing_eight_live_loops_leave_records_that_hold(tmp_path):
     for n in range(rounds(2, 30)):
         cancels_racing_live_loops(str(tmp_path / f"runs{n}.db"))
+
+
+def test_a_page_and_its_total_come_from_one_snapshot_while_another_connection_commits(tmp_path):
+    path = str(tmp_path / "runs.db")
+    writer, reader = open_store(path), open_existing(path)
+    stop = threading.Event()
+
+    def write() -> None:
+        i = 0
+        while not stop.is_set():
+            with writer.tx() as tx:
+                tx.run("INSERT INTO runs (id, goal, status, limits_json, created_at) "
+                       "VALUES (?, 'g', 'RUNNING', '{}', '2026-10-01T09:00:00Z')", (f"run{i}",))
+            i += 1
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    try:
+        disagreed = []
+        for _ in range(60):  # the writer commits between the two reads about half the time
+            runs, total = reader.list_runs_page(100_000, 0)
+            if len(runs) != total:
+                disagreed.append((len(runs), total))
+    finally:
+        stop.set()
+        thread.join(10)
+    assert disagreed == []
+    reader.close()
+    writer.close()

@@ -9,7 +9,8 @@ rows nor one huge row can exhaust the reader's memory.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeGuard
 
 import apsw
@@ -140,6 +141,22 @@ _RUN_PAGE = Columns.of(
         _t("lease_owner"), _t("lease_expires_at"),
     ]
 )
+
+
+@contextmanager
+def one_snapshot(conn: apsw.Connection) -> Iterator[None]:
+    """A page's rows and its total read from one snapshot. In autocommit each
+    statement sees the latest commit, so a writer's commit between the two could
+    make the total disagree with the rows; a deferred read transaction holds one
+    snapshot for both (none is begun inside a transaction already open)."""
+    if conn.in_transaction:
+        yield
+        return
+    conn.execute("BEGIN DEFERRED")
+    try:
+        yield
+    finally:
+        conn.execute("COMMIT")  # a read transaction: nothing to keep or undo
 
 
 def _count(conn: apsw.Connection, sql: str, params: Sequence[Any] = ()) -> int:

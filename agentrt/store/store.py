@@ -304,7 +304,7 @@ class Store:
     # -- page reads --------------------------------------------------------
 
     def list_runs_page(self, limit: int, offset: int) -> tuple[list[Run], int]:
-        with self._guarded as conn:
+        with self._guarded as conn, pages.one_snapshot(conn):
             return pages.runs_page(conn, limit, offset)
 
     def get_run_capped(self, run_id: str) -> Run:
@@ -312,17 +312,17 @@ class Store:
             return pages.run_capped(conn, run_id)
 
     def list_steps_page(self, run_id: str, limit: int, offset: int) -> tuple[list[Step], int]:
-        with self._guarded as conn:
+        with self._guarded as conn, pages.one_snapshot(conn):
             return pages.steps_page(conn, run_id, limit, offset)
 
     def list_approvals_page(
         self, run_id: str, status: str, limit: int, offset: int
     ) -> tuple[list[Approval], int]:
-        with self._guarded as conn:
+        with self._guarded as conn, pages.one_snapshot(conn):
             return pages.approvals_page(conn, run_id, status, limit, offset)
 
     def list_events_page(self, run_id: str, limit: int, offset: int) -> tuple[list[Event], int]:
-        with self._guarded as conn:
+        with self._guarded as conn, pages.one_snapshot(conn):
             return pages.events_page(conn, run_id, limit, offset)
 
     def list_events_after(self, run_id: str, seq: int, limit: int) -> list[Event]:
