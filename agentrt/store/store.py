@@ -168,9 +168,12 @@ class Store:
     def db(self) -> apsw.Connection:
         """The connection, for a consumer's own tables in the same file.
 
-        A transaction on it must not call Store methods or the driver, and it
-        holds up the loop until it ends (the lease heartbeat has its own
-        connection, so the lease survives it).
+        It is the store's own connection and is not guarded: while a driver runs
+        in this process, use it inside ``locked()``, which holds the loop's
+        writes until it ends. A transaction on it must not call Store methods
+        or the driver, and a write transaction must end well within the lease
+        TTL: the heartbeat renews the lease on its own connection, but cannot
+        write while another holds the file's write lock.
         """
         return self._conn
 
