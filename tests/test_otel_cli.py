@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -56,6 +58,22 @@ def received_keys(receiver) -> set:
             for s in receiver.spans()}
 
 
+def _stderr_until(proc: subprocess.Popen, marker: bytes, timeout: float = 60.0) -> bytes:
+    """Read the process's stderr straight from the pipe until ``marker`` appears
+    (``communicate()`` reads the rest the same way, so nothing is lost)."""
+    seen = b""
+    deadline = time.monotonic() + timeout
+    fd = proc.stderr.fileno()
+    while marker not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no {marker!r} in {seen!r}"
+        if select.select([fd], [], [], left)[0]:
+            chunk = os.read(fd, 4096)
+            assert chunk, f"stderr ended before {marker!r}: {seen!r}"
+            seen += chunk
+    return seen
+
+
 def export(db: str, *args: str, **kw) -> subprocess.Popen:
     env = child_env()
     for key in list(env):
@@ -97,10 +115,12 @@ def test_otel_command_waits_out_a_collector_outage_without_moving_the_cursor(tmp
     # No collector yet: the exporter retries and never saves past the first page.
     proc = export(db, "--endpoint", f"http://127.0.0.1:{port}", "--cursor-file", str(cursor),
                   "--page-size", "10")
-    time.sleep(3)
+    seen = _stderr_until(proc, b"failed (")  # the outage has begun, however slow the start
+    time.sleep(1)  # and goes on for a few attempts
     assert not cursor.exists()
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    _, rest = proc.communicate(timeout=60)
+    err = seen + rest
     assert proc.returncode == 0, err
     assert b"stopped" in err and b"Traceback" not in err
     # One line for the outage, naming the collector and the cause; the SDK's
