@@ -48,7 +48,7 @@ def make(store: Store | None = None, script: list | None = None, tools: list | N
     kw.setdefault("policy", DefaultPolicy())
     policy = kw.pop("policy")
     d = Driver(store, agent, policy, tools if tools is not None else fixture_tools(),
-               observer=obs, **kw)  # type: ignore[arg-type]
+               observer=kw.pop("observer", obs), **kw)  # type: ignore[arg-type]
     return d, store, agent, obs
 
 

@@ -217,6 +217,44 @@ def test_concurrent_calls_reserve_against_the_limits():
     assert len(store.list_model_calls("r")) == 2
 
 
+def test_a_call_recorded_by_one_thread_is_counted_once_by_the_next_thread():
+    # The window between one attempt's committed totals and the release of its
+    # reservation: the observer runs there, in the calling thread, and starts
+    # the second call. Counting both the committed call and its reservation
+    # would refuse the second call of a limit of two.
+    outcomes: list = []
+    second_done = threading.Event()
+    holder: dict = {}
+
+    def second() -> None:
+        try:
+            holder["step"].model.generate(REQ)
+            outcomes.append("ok")
+        except LimitError as exc:
+            outcomes.append(exc.reason)
+        finally:
+            second_done.set()
+
+    def observer(event) -> None:
+        if event.type == "model.completed" and not outcomes and "thread" not in holder:
+            holder["thread"] = threading.Thread(target=second)
+            holder["thread"].start()
+            assert second_done.wait(10)
+
+    def decide(step):
+        holder["step"] = step
+        step.model.generate(REQ)
+        outcomes.append("ok")
+        holder["thread"].join()
+        return Decision.complete()
+
+    config = ModelConfig(ScriptedModel([reply(), reply()]), prices=PRICES)
+    d, store, _, _ = make(script=[decide], model=config, observer=observer)
+    run = d.start("g", limits(max_model_calls=2), run_id="r")
+    assert outcomes == ["ok", "ok"]
+    assert run.status == "COMPLETED" and run.model_calls == 2
+
+
 def test_retry_after_is_honoured():
     started = time.monotonic()
     run, store, _ = drive([rate_limited(timedelta(milliseconds=300)), reply()], [asking()],

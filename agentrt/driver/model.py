@@ -245,8 +245,10 @@ _MAX_WAIT_US = MAX_WAIT // _MICROSECOND
 _CONNECTION_LOST = (ConnectionError, EOFError, TimeoutError, http.client.IncompleteRead)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Reservation:
+    """One dispatched attempt's share of the limits; released by identity, once."""
+
     tokens: int
     cost: int
 
@@ -365,10 +367,9 @@ class ModelCaller:
                 raise LeaseLostError(f"run {self._run_id}: the lease is no longer held")
             reservation = self._reserve(cap, estimate, estimate_cost)
             try:
-                outcome = self._attempt(attempt, request, estimate, estimate_cost)
+                outcome = self._attempt(attempt, request, estimate, estimate_cost, reservation)
             finally:
-                with self._lock:
-                    self._inflight.remove(reservation)
+                self._release(reservation)
             if outcome.response is not None and outcome.raise_ is None:
                 return outcome.response
             if outcome.raise_ is not None:
@@ -386,7 +387,9 @@ class ModelCaller:
     # -- limits --------------------------------------------------------------
 
     def _reserve(self, cap: int, estimate: Usage, estimate_cost: int) -> _Reservation:
-        with self._lock:
+        # The store's lock, then the callers': the order _record takes them in, so
+        # the run's committed totals and the reservations are read as one state.
+        with self._store.locked(), self._lock:
             if self._closed:
                 raise SessionClosedError(
                     f"the model caller of step {self._step_id} was used after the step's "
@@ -420,6 +423,13 @@ class ModelCaller:
                                        estimate_cost)
             self._inflight.append(reservation)
             return reservation
+
+    def _release(self, reservation: _Reservation) -> None:
+        with self._lock:
+            for i, held in enumerate(self._inflight):
+                if held is reservation:
+                    del self._inflight[i]
+                    return
 
     def _retry_wait(self, attempt: int, outcome: _Attempt) -> timedelta | None:
         """The wait before the next attempt, or None when it cannot usefully be waited."""
@@ -457,7 +467,7 @@ class ModelCaller:
     # -- one attempt ---------------------------------------------------------
 
     def _attempt(self, attempt: int, request: ModelRequest, estimate: Usage,
-                 estimate_cost: int) -> _Attempt:
+                 estimate_cost: int, reservation: _Reservation) -> _Attempt:
         call_id = self._new_id()
         dispatched_at = self._now()
         try:
@@ -486,7 +496,7 @@ class ModelCaller:
         completed_at = self._now()
         latency = max(int((completed_at - dispatched_at) / timedelta(milliseconds=1)), 0)
         result = self._classify(attempt, out, estimate, estimate_cost)
-        self._record(call_id, attempt, result, latency, completed_at)
+        self._record(call_id, attempt, result, latency, completed_at, reservation)
         return result
 
     def _classify(self, attempt: int, out: Any, estimate: Usage, estimate_cost: int,
@@ -547,8 +557,12 @@ class ModelCaller:
         return _Attempt(error, Usage(), 0, text, raise_=ModelUnavailableError(attempt, text))
 
     def _record(self, call_id: str, attempt: int, result: _Attempt, latency: int,
-                completed_at: datetime) -> None:
-        """Commit the attempt's row, the run totals and its event; never cancelled."""
+                completed_at: datetime, reservation: _Reservation) -> None:
+        """Commit the attempt's row, the run totals and its event; never cancelled.
+
+        The reservation is released inside the transaction, under the store's
+        lock: no other caller sees the committed charge and the reservation
+        together, which would count the attempt twice."""
         u = result.usage
         kind = (EventType.MODEL_COMPLETED if result.status == ModelCallStatus.OK
                 else EventType.MODEL_FAILED)
@@ -569,3 +583,4 @@ class ModelCaller:
             add_model_totals(tx, self._run_id, u.input_tokens, u.output_tokens,
                              u.cached_input_tokens, result.cost)
             tx.append(self._run_id, self._step_id, completed_at, kind.value, payload)
+            self._release(reservation)
