@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from datetime import timedelta
@@ -314,3 +315,44 @@ def test_a_held_connection_does_not_starve_the_heartbeat(tmp_path):
     assert d.start("g", limits(), run_id="r").status == "COMPLETED"
     first, later = seen[0]
     assert later > first
+
+
+def test_a_run_started_under_the_in_memory_stores_lock_ends_while_the_heartbeat_waits():
+    # An in-memory store has one connection, so its heartbeat needs the lock the
+    # caller holds; it must give up the tick, not hold the run's end forever.
+    def slow(c):
+        time.sleep(0.2)  # two heartbeat ticks, each finding the lock held
+        return ToolResult(b"{}", "done")
+
+    d, store, _, _ = make(script=[call("write"), Decision.complete()],
+                          tools=[FuncTool("write", slow, timeout=5)], lease_ttl=0.3)
+
+    def start_holding_the_lock():
+        with store.locked():
+            return d.start("g", limits(), run_id="r")
+
+    bg = Background(start_holding_the_lock)
+    bg.join()
+    assert bg.error is None and bg.result.status == "COMPLETED"
+    assert heartbeats("r") == []
+
+
+def test_closing_the_store_while_the_heartbeat_renews_closes_its_connection(tmp_path):
+    path = str(tmp_path / "runs.db")
+    store = open_store(path)
+    renewing, closed = threading.Event(), threading.Event()
+
+    def renew_slowly():  # a renewal still running on the lease connection
+        with store.lease_connection() as conn:
+            renewing.set()
+            conn.execute("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
+                         "WHERE i < 3000000) SELECT count(*) FROM n").fetchall()
+
+    beat = threading.Thread(target=renew_slowly)
+    beat.start()
+    renewing.wait(10)
+    store.close()
+    beat.join(10)
+    fds = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+           if os.path.exists(f"/proc/self/fd/{fd}")]
+    assert [f for f in fds if f.startswith(path)] == []

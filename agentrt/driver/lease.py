@@ -92,7 +92,7 @@ class Lease:
         while not self._stop.wait(interval):
             expires = self.wall() + self.ttl
             try:
-                with self.store.lease_connection() as conn:
+                with self.store.lease_connection(wait=interval) as conn:
                     if conn is not self.store.db():  # its own connection: wait TTL/3 at most
                         conn.set_busy_timeout(max(int(interval * 1000), 1))
                     held = renew_lease(conn, self.run_id, self.owner, expires)

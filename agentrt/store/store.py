@@ -156,7 +156,8 @@ class Store:
             if self._closed:
                 return
             self._closed = True
-            close_quietly(self._lease_conn)
+            with self._lease_lock:  # a renewal in progress ends first
+                close_quietly(self._lease_conn)
             close_quietly(self._conn)
 
     def __enter__(self) -> Store:
@@ -178,7 +179,11 @@ class Store:
         return self._conn
 
     def locked(self) -> AbstractContextManager[apsw.Connection]:
-        """The connection under the store's lock, for a sequence of reads."""
+        """The connection under the store's lock, for a sequence of reads.
+
+        An in-memory store's heartbeat renews leases on this same connection:
+        held across a driver call, it holds the renewals too, so keep it shorter
+        than the lease TTL there."""
         return self._guarded
 
     def read_row(self, sql: str, params: tuple[Any, ...]) -> Any:
@@ -188,11 +193,19 @@ class Store:
             return conn.execute(sql, params).fetchone()
 
     @contextmanager
-    def lease_connection(self) -> Iterator[apsw.Connection]:
-        """The heartbeat's connection (the main one for in-memory stores)."""
+    def lease_connection(self, wait: float = -1) -> Iterator[apsw.Connection]:
+        """The heartbeat's connection (the main one for in-memory stores).
+
+        ``wait`` bounds the wait for it in seconds (apsw.BusyError after): an
+        in-memory store's heartbeat shares the lock a caller may hold across a
+        whole run, and must give up its tick rather than hold the run's end."""
         conn = self._lease_conn if self._lease_conn is not None else self._conn
-        with self._lease_lock:
+        if not self._lease_lock.acquire(timeout=wait):
+            raise apsw.BusyError(f"{self.path}: the lease connection is in use")
+        try:
             yield conn
+        finally:
+            self._lease_lock.release()
 
     # -- writes ------------------------------------------------------------
 
