@@ -92,9 +92,20 @@ class RunLeasedError(RunStateError):
         self.expires_at = expires_at
         from agentrt.timefmt import format_time_nano
 
-        until = format_time_nano(expires_at) if expires_at is not None else "(no expiry)"
-        self.detail = f"run {run_id} is leased by {owner} until {until}"
+        until = ("with no expiry recorded" if expires_at is None
+                 else f"until {format_time_nano(expires_at)}")
+        self.detail = f"run {run_id} is leased by {owner or '(no owner)'} {until}"
         Exception.__init__(self, f"agentrt: {self.detail}")
+
+    @classmethod
+    def in_another_call(cls, run_id: str, owner: str, expires_at: datetime | None,
+                        ) -> RunLeasedError:
+        """This driver's own refusal: another of its calls is driving the run."""
+        exc = cls(run_id, owner, expires_at)
+        exc.detail = (f"run {run_id} is leased by {owner}: another call of this driver is "
+                      "driving it; wait for that call to return")
+        Exception.__init__(exc, f"agentrt: {exc.detail}")
+        return exc
 
 
 class LeaseLostError(RunStateError):

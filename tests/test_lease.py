@@ -356,3 +356,33 @@ def test_closing_the_store_while_the_heartbeat_renews_closes_its_connection(tmp_
     fds = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
            if os.path.exists(f"/proc/self/fd/{fd}")]
     assert [f for f in fds if f.startswith(path)] == []
+
+
+def test_a_second_start_of_a_run_id_being_started_says_another_call_drives_it():
+    # The first start is inside its session and has not written the run (and its
+    # lease expiry) yet: the clock it reads first holds it there.
+    reading, go = threading.Event(), threading.Event()
+    clock = FakeClock()
+
+    def now():
+        if not reading.is_set():
+            reading.set()
+            go.wait(10)
+        return clock()
+
+    d, store, _, _ = make(script=[Decision.complete()], now=now)
+    bg = Background(lambda: d.start("g", limits(), run_id="r"))
+    assert reading.wait(10)
+    with pytest.raises(RunLeasedError) as info:
+        d.start("g", limits(), run_id="r")
+    go.set()
+    bg.join()
+    assert bg.result.status == "COMPLETED"
+    assert info.value.owner == d.owner and info.value.expires_at is None
+    assert str(info.value) == (f"agentrt: run r is leased by {d.owner}: another call of "
+                               "this driver is driving it; wait for that call to return")
+
+
+def test_a_lease_with_no_expiry_stored_is_said_as_such():
+    assert str(RunLeasedError("r", "", None)) == (
+        "agentrt: run r is leased by (no owner) with no expiry recorded")

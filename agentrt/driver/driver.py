@@ -274,7 +274,7 @@ class Driver:
         with self._lock:
             live = self._live.get(run_id)
             if live is not None:
-                raise RunLeasedError(run_id, core.owner, live.lease.expires_at)
+                raise RunLeasedError.in_another_call(run_id, core.owner, live.lease.expires_at)
             lease = Lease(core.store, run_id, core.owner, core.lease_ttl, core.wall)
             s = Session(core, run_id, cancel if cancel is not None else CancelToken(), lease)
             self._live[run_id] = s
