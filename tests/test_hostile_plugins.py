@@ -11,6 +11,7 @@ returns.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from datetime import timedelta
@@ -532,4 +533,66 @@ def test_a_reconciliation_with_a_field_of_the_wrong_type_fails_the_run_as_intern
     run = d.resume("r")
     assert (run.status, run.reason, run.reason_detail) == (
         "FAILED", "internal_error", f"reconcile: {says}")
+    settled(store, "r")
+
+
+# -- the driver's own clock and ids -----------------------------------------------
+
+
+def failing_at(reading: int, bad, good):
+    """A function that answers like ``good`` except at its ``reading``-th call."""
+    calls = {"n": 0}
+
+    def fn():
+        calls["n"] += 1
+        if calls["n"] == reading:
+            return bad()
+        return good()
+    return fn
+
+
+def _raise():
+    raise RuntimeError("broken")
+
+
+@pytest.mark.parametrize(("bad", "says"), [
+    (_raise, "the driver's clock now() raised RuntimeError: broken"),
+    (lambda: "2026-10-01T09:00:00Z", "the driver's clock now() returned a str"),
+    (lambda: None, "the driver's clock now() returned None"),
+])
+def test_a_clock_failing_mid_run_stops_the_call_clearly_and_a_resume_finishes_the_run(bad, says):
+    from agentrt.driver import ConfigError
+    from agentrt.testing import FakeClock
+
+    clock = FakeClock(step=timedelta(seconds=1))
+    d, store, _, _ = make(script=[call("read", b'{"n":1}'), Decision.complete()],
+                          now=failing_at(4, bad, clock))  # within the first step
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        d.start("g", limits(), run_id="r")
+    before = store.list_events("r")
+    assert store.get_run("r").status == "RUNNING" and store.lease("r") == ("", None)
+    assert not any(isinstance(e.at, str) for e in before)
+    d2, _, _, _ = make(store=store, script=[call("read", b'{"n":1}'), Decision.complete()],
+                       now=clock)
+    assert d2.resume("r").status == "COMPLETED"
+    settled(store, "r")
+
+
+@pytest.mark.parametrize(("bad", "says"), [
+    (_raise, "new_id() raised RuntimeError: broken"),
+    (lambda: "", "the id new_id() returned is '', a blank str"),
+    (lambda: 7, "the id new_id() returned is an int (7), not a str"),
+])
+def test_an_id_function_failing_mid_run_writes_nothing_with_the_bad_id(bad, says):
+    from agentrt.driver import ConfigError
+    from agentrt.driver.core import new_id
+
+    d, store, _, _ = make(script=[call("read", b'{"n":1}'), Decision.complete()],
+                          new_id=failing_at(2, bad, new_id))  # the second step's id
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        d.start("g", limits(), run_id="r")
+    assert all(e.step_id for e in store.list_events("r") if e.type.startswith("step."))
+    assert store.get_run("r").status == "RUNNING"
+    d2, _, _, _ = make(store=store, script=[call("read", b'{"n":1}'), Decision.complete()])
+    assert d2.resume("r").status == "COMPLETED"
     settled(store, "r")

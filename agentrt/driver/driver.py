@@ -45,7 +45,7 @@ from agentrt.driver.policy import IdentifiedPolicy, Policy
 from agentrt.driver.recovery import Reconcile, recover
 from agentrt.driver.session import ACTIVE, WAITING, Session
 from agentrt.driver.tools import Tool, register_tools
-from agentrt.errors import EncodeError, RunLeasedError, RunStateError, described
+from agentrt.errors import EncodeError, RunLeasedError, RunStateError, described, exception_text
 from agentrt.events import EventType, Observer
 from agentrt.gojson import Raw, dumps, sorted_map
 from agentrt.records import (
@@ -116,7 +116,10 @@ class Driver:
     the wall clock (``wall``, replaceable only for tests). ``lease_token`` fixes
     the random part of the lease owner id and ``monotonic`` the clock tool
     durations are measured on (``time.monotonic``): both only for a record that
-    must be reproduced byte for byte, such as the export fixtures.
+    must be reproduced byte for byte, such as the export fixtures. A ``now`` or
+    ``new_id`` that raises or answers something unusable mid-run stops the call
+    with a ConfigError before anything is written with that answer; the run is
+    left as a crashed driver leaves it, for a resume.
     """
 
     def __init__(
@@ -180,7 +183,7 @@ class Driver:
             observer=safe_observer(observer),
             now=_aware(now) if now is not None else system_now,
             wall=wall or wall_now,
-            new_id=new_id or _default_id,
+            new_id=_checked_ids(new_id) if new_id is not None else _default_id,
             model=model.resolved() if model is not None else None,
             reconcile=reconcile,
             owner=lease_owner_id(lease_owner, lease_token),
@@ -334,10 +337,37 @@ def _default_id() -> str:
 
 def _aware(now: Callable[[], datetime]) -> Callable[[], datetime]:
     """The consumer's clock, with a naive reading taken as UTC (stored times are UTC,
-    and a naive one could not be compared with them)."""
+    and a naive one could not be compared with them). A reading that raises or is
+    not a datetime is a ConfigError before anything is written with it: the call
+    stops as a crashed driver would, and a driver with a working clock resumes."""
 
     def reading() -> datetime:
-        t = now()
+        try:
+            t = now()
+        except Exception as exc:  # noqa: BLE001 - consumer code; said in one sentence
+            raise ConfigError(f"the driver's clock now() raised {type(exc).__name__}: "
+                              f"{exception_text(exc)}") from exc
+        if not isinstance(t, datetime):
+            raise ConfigError(f"the driver's clock now() returned {described(t)}, "
+                              "not a datetime")
         return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
 
     return reading
+
+
+def _checked_ids(new_id: Callable[[], str]) -> Callable[[], str]:
+    """The consumer's id function, each id checked before a row or event carries it:
+    an empty step id would read as a run-level event, a non-str one is unstorable.
+    A failure stops the call as a crashed driver would (the run stays resumable)."""
+
+    def fresh() -> str:
+        try:
+            value = new_id()
+        except Exception as exc:  # noqa: BLE001 - consumer code; said in one sentence
+            raise ConfigError(f"new_id() raised {type(exc).__name__}: "
+                              f"{exception_text(exc)}") from exc
+        return check_text("the id new_id() returned", value,
+                          blank="every step, call and approval needs an id",
+                          utf8=_NOT_UTF8_ID)
+
+    return fresh
