@@ -29,6 +29,14 @@ _DATABASE_FILES = (("", "the database"), ("-wal", "the write-ahead log of the da
                    ("-shm", "the shared-memory index of the database"),
                    ("-journal", "the rollback journal of the database"))
 _DIGITS = re.compile(rb"[0-9]+")
+#: The extended attribute binding a cursor file to the database it follows: the
+#: chain hash of the event at the saved seq (see ``FileCursor.binding``).
+BINDING_ATTRIBUTE = "user.agentrt.chain_hash"
+_HASH = re.compile(r"[0-9a-f]{64}")
+#: What a file system without user extended attributes (or a platform without
+#: them) answers: the cursor then goes unbound, as the reference's always is.
+_NO_XATTRS = {errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM, errno.EACCES,
+              getattr(errno, "ENODATA", errno.ENOENT)}
 
 
 class CursorError(AgentrtError):
@@ -186,10 +194,33 @@ class FileCursor:
                                     "name a file that holds only the cursor (it is created on "
                                     "the first save)")
 
-    def save(self, seq: int) -> None:
+    def binding(self) -> str | None:
+        """The chain hash of the event at the saved seq, as saved with it by a
+        follower, or None (no file, a save without one, a file copied without
+        its extended attributes, a file system or platform without them, or a
+        cursor written by the reference). The file's content stays the
+        reference's ``42\n``: the hash is kept in an extended attribute."""
+        getxattr = getattr(os, "getxattr", None)
+        if getxattr is None:
+            return None
+        try:
+            value = getxattr(self.path, BINDING_ATTRIBUTE)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno in _NO_XATTRS:
+                return None
+            raise CursorError(self.path, f"load cursor: cannot read {self.path}: "
+                                         f"{exc.strerror or exc}") from exc
+        text = value.decode("ascii", "replace")
+        return text if _HASH.fullmatch(text) else None
+
+    def save(self, seq: int, binding: str | None = None) -> None:
         """Replace the saved seq with ``seq``, atomically and durably; a seq that
         is not an int from 0 to 2**63-1 is refused (CursorError, also a
-        ValueError) before the file is touched."""
+        ValueError) before the file is touched. ``binding``, the chain hash of
+        the event at ``seq``, is kept with it where the file system allows
+        (see :meth:`binding`); a save without one leaves the cursor unbound."""
         _check_seq(seq, self.path, limit=_MAX_SEQ)
         directory, name = os.path.split(self.path)
         directory = directory or "."
@@ -203,6 +234,8 @@ class FileCursor:
                 while data:
                     data = data[os.write(fd, data) :]
                 os.fchmod(fd, 0o600)  # mkstemp's 0600 may have lost bits to the umask
+                if binding:
+                    _bind(fd, binding)
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -233,6 +266,18 @@ class FileCursor:
         if seq:
             return f"it holds seq {seq}, so the next start sends the events after it again"
         return "no seq was saved before, so the next start sends every event again"
+
+
+def _bind(fd: int, binding: str) -> None:
+    """Set the binding on the temporary file, so it is renamed with its seq."""
+    setxattr = getattr(os, "setxattr", None)  # Linux: takes the descriptor
+    if setxattr is None:
+        return
+    try:
+        setxattr(fd, BINDING_ATTRIBUTE, binding.encode("ascii"))
+    except OSError as exc:
+        if exc.errno not in _NO_XATTRS:
+            raise
 
 
 def _database_file(path: str, st: os.stat_result | None, database: str) -> str:

@@ -168,7 +168,34 @@ class Follower:
             head, _ = self.store.chain_head()
             if seq > head:
                 raise FollowError(self._ahead(seq, head))
+            self._check_binding(seq)
         return seq
+
+    def _check_binding(self, seq: int) -> None:
+        """Refuse a file cursor saved against another database: the chain hash
+        it was saved with must be the one this database has at its seq. (A
+        restored backup of the same database has the same events up to there.)"""
+        if not isinstance(self.cursor, FileCursor):
+            return
+        bound = self.cursor.binding()
+        if bound is None or bound == self.store.event_hash(seq):
+            return
+        path = self.cursor.path
+        raise FollowError(
+            f"cursor file {path} was saved after seq {seq} of another database: "
+            f"{self.store.path} has another history up to that event (its chain hash "
+            f"differs), so the events after it are not the ones the cursor stands "
+            f"before; give this database a cursor file of its own, or delete {path} to "
+            "export it from the start")
+
+    def _save(self, seq: int) -> None:
+        """Save the cursor; a file cursor also keeps the chain hash at ``seq``,
+        which binds it to this database (checked on the next start)."""
+        cursor = self.cursor
+        if isinstance(cursor, FileCursor):
+            cursor.save(seq, self.store.event_hash(seq))
+        else:
+            cursor.save(seq)
 
     def _ahead(self, seq: int, head: int) -> str:
         end = f"ends at seq {head}" if head else "holds no events"
@@ -216,7 +243,7 @@ class Follower:
                     self._save_before_raising(page[cut.accepted - 1].seq, cut.error)
                 raise cut.error from None
             last = page[-1].seq
-            self.cursor.save(last)
+            self._save(last)
             return last
         last = 0
         try:
@@ -232,7 +259,7 @@ class Follower:
             raise
         if not _flush(sink, raising=True):
             return page[0].seq - 1  # pragma: no cover - _flush raised
-        self.cursor.save(last)
+        self._save(last)
         return last
 
     def _save_before_raising(self, seq: int, error: Exception) -> None:
@@ -240,7 +267,7 @@ class Follower:
         is noted on ``error``, which stays the one raised: its type is what a
         caller catches (the reference joins the two the same way)."""
         try:
-            self.cursor.save(seq)
+            self._save(seq)
         except Exception as save_error:  # noqa: BLE001 - reported on the sink's error
             error.add_note(f"and the cursor could not be saved at seq {seq}: {save_error}")
 

@@ -461,3 +461,64 @@ def test_follower_reads_with_a_read_only_connection(db_path):
     reader = open_existing(db_path)
     with pytest.raises(apsw.ReadOnlyError):
         reader.db().execute("DELETE FROM events")
+
+
+def bound_cursor(db_path, path) -> FileCursor:
+    """A cursor file saved by a follower that delivered every event of ``db_path``."""
+    cursor = FileCursor(path)
+    collect(Follower(open_existing(db_path), cursor=cursor, once=True, page_size=4))
+    return cursor
+
+
+def test_a_file_cursor_keeps_the_chain_hash_of_its_seq_and_a_bare_save_drops_it(db_path,
+                                                                                 tmp_path):
+    make_db(db_path, runs=2, events_per_run=5).close()
+    cursor = bound_cursor(db_path, tmp_path / "cursor")
+    assert (tmp_path / "cursor").read_bytes() == b"10\n"  # the reference's format, unchanged
+    assert cursor.binding() == open_existing(db_path).event_hash(10)
+    cursor.save(10)
+    assert cursor.binding() is None
+
+
+def test_a_file_cursor_saved_on_another_database_is_refused_before_anything_is_delivered(
+        db_path, tmp_path):
+    make_db(db_path, runs=2, events_per_run=5).close()
+    cursor = bound_cursor(db_path, tmp_path / "cursor")
+    other = str(tmp_path / "other.db")
+    store = open_store(other)
+    add_run(store, "elsewhere", 20)
+    store.close()
+    got: list = []
+    with pytest.raises(FollowError) as caught:
+        Follower(open_existing(other), cursor=cursor, once=True).follow(got.append)
+    assert got == []
+    assert (tmp_path / "cursor").read_bytes() == b"10\n"
+    assert str(caught.value) == (
+        f"export: cursor file {cursor.path} was saved after seq 10 of another database: "
+        f"{other} has another history up to that event (its chain hash differs), so the "
+        "events after it are not the ones the cursor stands before; give this database a "
+        f"cursor file of its own, or delete {cursor.path} to export it from the start")
+
+
+def test_a_file_cursor_goes_on_over_a_restored_copy_of_its_database(db_path, tmp_path):
+    make_db(db_path, runs=2, events_per_run=5).close()
+    cursor = bound_cursor(db_path, tmp_path / "cursor")
+    restored = str(tmp_path / "restored.db")
+    with open(db_path, "rb") as src, open(restored, "wb") as dst:
+        dst.write(src.read())
+    os.chmod(restored, 0o600)
+    store = open_store(restored)
+    add_run(store, "after", 3)
+    store.close()
+    got = collect(Follower(open_existing(restored), cursor=cursor, once=True))
+    assert [e.seq for e in got] == [11, 12, 13]
+
+
+def test_a_cursor_file_without_a_binding_is_taken_as_the_reference_takes_it(db_path, tmp_path):
+    store = open_store(db_path)
+    add_run(store, "elsewhere", 12)
+    store.close()
+    (tmp_path / "cursor").write_text("10\n")  # written by hand, or by the reference
+    got = collect(Follower(open_existing(db_path), cursor=FileCursor(tmp_path / "cursor"),
+                           once=True))
+    assert [e.seq for e in got] == [11, 12]

@@ -340,7 +340,7 @@ def test_a_run_started_under_the_in_memory_stores_lock_ends_while_the_heartbeat_
 def test_closing_the_store_while_the_heartbeat_renews_closes_its_connection(tmp_path):
     path = str(tmp_path / "runs.db")
     store = open_store(path)
-    renewing, closed = threading.Event(), threading.Event()
+    renewing = threading.Event()
 
     def renew_slowly():  # a renewal still running on the lease connection
         with store.lease_connection() as conn:
