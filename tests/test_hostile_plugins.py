@@ -596,3 +596,17 @@ def test_an_id_function_failing_mid_run_writes_nothing_with_the_bad_id(bad, says
     d2, _, _, _ = make(store=store, script=[call("read", b'{"n":1}'), Decision.complete()])
     assert d2.resume("r").status == "COMPLETED"
     settled(store, "r")
+
+
+def test_an_id_function_that_repeats_an_id_is_said_as_such_and_the_run_is_resumable():
+    from agentrt.driver import ConfigError
+
+    d, store, _, _ = make(script=[call("read", b'{"n":1}'), Decision.complete()],
+                          new_id=lambda: "always-the-same")
+    with pytest.raises(ConfigError, match=re.escape(
+            "new_id() returned an id already in steps (UNIQUE constraint failed: steps.id)")):
+        d.start("g", limits(), run_id="r")
+    assert store.get_run("r").status == "RUNNING" and store.lease("r") == ("", None)
+    d2, _, _, _ = make(store=store, script=[call("read", b'{"n":1}'), Decision.complete()])
+    assert d2.resume("r").status == "COMPLETED"
+    settled(store, "r")

@@ -283,6 +283,13 @@ class Driver:
             self._live[run_id] = s
         try:
             yield s
+        except apsw.ConstraintError as exc:
+            table = _reused_id_table(exc)
+            if table and core.new_id is not _default_id:
+                raise ConfigError(
+                    f"new_id() returned an id already in {table} ({exc}): each call must "
+                    "return an id not used before; the run is left for a resume") from exc
+            raise
         finally:
             with self._lock:
                 self._live.pop(run_id, None)
@@ -333,6 +340,14 @@ class Driver:
 
 def _default_id() -> str:
     return new_id()
+
+
+def _reused_id_table(exc: apsw.ConstraintError) -> str:
+    """The table whose id a refused insert reused ('' for another constraint)."""
+    for table in ("steps", "model_calls", "approvals"):
+        if str(exc).endswith(f"UNIQUE constraint failed: {table}.id"):
+            return table
+    return ""
 
 
 def _aware(now: Callable[[], datetime]) -> Callable[[], datetime]:
