@@ -12,6 +12,7 @@ import contextlib
 import math
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable
@@ -126,12 +127,45 @@ def settings_from(**kw: Any) -> FollowSettings:
 _STOP = threading.Event()
 
 
-def _install_signal_handlers() -> None:
-    def handler(signum: int, frame: object) -> None:
-        _STOP.set()
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-    for s in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(s, handler)
+
+def _install_signal_handlers() -> None:
+    """Make SIGTERM and SIGINT set ``_STOP``, from a thread of its own.
+
+    Not from the handler: a Python handler runs in the main thread between two
+    bytecodes, and may run while that thread is inside ``_STOP.wait(...)`` (the
+    follower's short waits) holding the event's internal lock, where
+    ``_STOP.set()`` would block forever on a lock its own thread holds. So the
+    handler does nothing; the C-level handler writes the signal's number to a
+    socket (``signal.set_wakeup_fd``) the moment it lands, and a daemon thread
+    reading that socket sets the event as any other thread would.
+    """
+    receiver, sender = socket.socketpair()
+    sender.setblocking(False)
+    signal.set_wakeup_fd(sender.fileno(), warn_on_full_buffer=False)
+    for s in _STOP_SIGNALS:
+        signal.signal(s, _ignore_here)
+    threading.Thread(target=_stop_on_signal, args=(receiver, sender),
+                     name="agentrt-export signals", daemon=True).start()
+
+
+def _ignore_here(signum: int, frame: object) -> None:
+    """Replaces the default action (terminate); ``_stop_on_signal`` does the work."""
+
+
+def _stop_on_signal(receiver: socket.socket, sender: socket.socket) -> None:
+    # ``sender`` is kept referenced here: the wakeup fd must stay open.
+    stops = {int(s) for s in _STOP_SIGNALS}
+    while True:
+        try:
+            numbers = receiver.recv(512)
+        except OSError:
+            return
+        if not numbers:
+            return
+        if stops.intersection(numbers):
+            _STOP.set()
 
 
 def _progress(store: Store) -> Callable[[int, int], None] | None:

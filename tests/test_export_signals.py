@@ -1,0 +1,102 @@
+"""SIGTERM ends a caught-up `agentrt-export jsonl --follow` at any moment, with exit 0.
+
+A handler that set the stop event itself could deadlock: Python runs it in the
+main thread between two bytecodes, and when those were inside ``stop.wait()``
+(the follower's short polls after a change notification) the thread held the
+event's lock, which ``set()`` then waited for forever. These tests send real
+signals to real processes; the first makes that moment a likely one, the
+second sends them at random moments to the unmodified command.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from eventdb import REPO_ROOT, child_env, make_db
+from stress import rounds
+
+#: A deadlock never ends; a clean stop takes well under a second unloaded.
+EXIT_WITHIN = 15
+
+#: The exporter with a change waiter that sleeps by polling the stop event
+#: back to back (the plain waiter and the short poll after a notification call
+#: ``stop.wait`` too, with a timeout): its main thread is then nearly always
+#: inside ``stop.wait``, the moment that deadlocked.
+POLLING_CHILD = """
+import sys
+from agentrt_export import cli, follower, wake
+
+class Polling(wake.ChangeWaiter):
+    def wait(self, timeout, stop):
+        for _ in range(10_000):
+            if stop.wait(0):
+                break
+        return False
+
+follower.open_waiter = lambda path: Polling()
+cli.main(sys.argv[1:])
+"""
+
+
+def start(db: str, child: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, *child, "jsonl", "--db", db, "--follow"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=child_env(), cwd=REPO_ROOT)
+
+
+def notify(db: str) -> None:
+    """A change notification that changes no data: the follower polls for a while."""
+    open(db, "ab").close()  # noqa: SIM115 - closing a file opened for writing is the event
+
+
+def stop_and_check(proc: subprocess.Popen[bytes], moment: str) -> None:
+    """SIGTERM: exit 0 promptly, silently, with nothing more written."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        out, err = proc.communicate(timeout=EXIT_WITHIN)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError(f"SIGTERM {moment}: still running after {EXIT_WITHIN}s") from None
+    assert (proc.returncode, out, err) == (0, b"", b""), moment
+
+
+def run_rounds(tmp_path, child: list[str], n: int, moments: list[str]) -> None:
+    """``n`` exporters, each caught up and then sent SIGTERM at a random moment."""
+    db = str(tmp_path / "runs.db")
+    make_db(db, runs=1, events_per_run=3).close()
+    rng = random.Random(11)
+    for i in range(n):
+        proc = start(db, child)
+        assert proc.stdout is not None
+        try:
+            first = [proc.stdout.readline() for _ in range(3)]
+            assert [json.loads(line)["seq"] for line in first] == [1, 2, 3]
+            moment = moments[i % len(moments)]
+            if moment == "polling":
+                time.sleep(0.1)  # the follower watches the directory by now (unless loaded)
+                notify(db)
+            delay = rng.uniform(0, 0.25)
+            time.sleep(delay)
+            stop_and_check(proc, f"round {i}, {moment}, {delay:.3f}s in")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_sigterm_stops_a_follower_whose_main_thread_is_inside_stop_wait(tmp_path):
+    # Before the fix about every other round hung here (5 runs of 5 failed, by round 5).
+    run_rounds(tmp_path, ["-c", POLLING_CHILD], rounds(10, 100), ["polling (forced)"])
+
+
+@pytest.mark.slow
+def test_sigterm_at_random_moments_stops_a_caught_up_follower_with_exit_0(tmp_path):
+    # The command as shipped: asleep in select, or polling after a notification.
+    run_rounds(tmp_path, ["-m", "agentrt_export.cli"], rounds(10, 400), ["asleep", "polling"])
