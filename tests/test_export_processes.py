@@ -319,9 +319,12 @@ def test_closed_pipe_ends_quietly_without_saving_past_what_was_written(tmp_path)
     assert not cursor.exists()
 
 
-def run_cli(*args: str, env_db: str | None = None) -> subprocess.CompletedProcess[bytes]:
+def run_cli(*args: str, env_db: str | None = None,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+    extra = env or {}
     env = child_env()
     env.pop("AGENTRT_DB", None)
+    env.update(extra)
     if env_db is not None:
         env["AGENTRT_DB"] = env_db
     return subprocess.run([sys.executable, "-m", "agentrt_export.cli", *args],
@@ -435,6 +438,24 @@ def test_a_cursor_in_a_missing_directory_is_refused_before_anything_is_exported(
     assert sentence == (f"export: the directory of cursor file {cursor} does not exist: create "
                         f"{tmp_path / 'nodir'}, or name a cursor file in an existing directory")
     assert not (tmp_path / "nodir").exists()
+
+
+@pytest.mark.parametrize("command", ["jsonl", "otel"])
+def test_a_cursor_file_saved_on_another_database_is_refused_before_anything_is_exported(
+        tmp_path, command):
+    first, other = str(tmp_path / "first.db"), str(tmp_path / "other.db")
+    make_db(first, runs=2, events_per_run=5).close()
+    store = open_store(other)
+    add_run(store, "elsewhere", 20)
+    store.close()
+    cursor = str(tmp_path / "cursor")
+    env = {"OTEL_TRACES_EXPORTER": "none"} if command == "otel" else {}
+    done = run_cli(command, "--db", first, "--cursor-file", cursor, env=env)
+    assert done.returncode == 0 and Path(cursor).read_text() == "10\n"
+    sentence = one_error_line(run_cli(command, "--db", other, "--cursor-file", cursor, env=env))
+    assert sentence.startswith(f"export: cursor file {cursor} was saved after seq 10 of another "
+                               f"database: {other} has another history up to that event")
+    assert Path(cursor).read_text() == "10\n"
 
 
 @posix_modes
