@@ -211,9 +211,11 @@ def _bytes(v: Any) -> bytes:
 
 
 def _int(v: Any) -> int:
+    """A count column as an int; what is not one (text, a BLOB, and an infinite
+    REAL, which SQLite stores for an integer too large for 64 bits) reads as 0."""
     try:
         return int(v or 0)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return 0
 
 
