@@ -55,8 +55,12 @@ def _as_text(col: str) -> str:
 
 def _fits(col: str) -> str:
     # octet_length reads only the record header; a value of at most N bytes
-    # cannot exceed N characters, so most rows never count characters.
-    return f"(octet_length({col}) <= {N} OR length({_as_text(col)}) <= {N})"
+    # cannot exceed N characters, so most rows never count characters. Only a
+    # value of at most 4 N bytes (N characters of up to 4 bytes) is counted,
+    # and only without a NUL: length() stops at the first one, so a huge text
+    # behind a NUL would count as short and be read whole.
+    return (f"(octet_length({col}) <= {N} OR (octet_length({col}) <= {4 * N} "
+            f"AND instr(CAST({col} AS BLOB), X'00') = 0 AND length({_as_text(col)}) <= {N}))")
 
 
 def capped_text(col: str) -> str:
