@@ -543,8 +543,10 @@ def _stderr_trace() -> Observer:
 
 
 def _report_run(out: Out, summary: view.RunSummary) -> None:
-    reason = f" ({sanitize(summary.reason)})" if summary.reason else ""
-    out.line(f"run {sanitize(summary.id)}: {sanitize(summary.status)}{reason}")
+    """``run <id>: <status> (<reason>)``, each cut as an error quotes it."""
+    reason = f" ({sanitize(view.echo(summary.reason))})" if summary.reason else ""
+    out.line(f"run {sanitize(view.echo(summary.id))}: "
+             f"{sanitize(view.echo(summary.status))}{reason}")
 
 
 def _write_result(out: Out, done: str, write: Callable[[], None]) -> None:
@@ -611,7 +613,7 @@ def _decide(verb: str, run_id: str, approval_id: str | None, yes: bool, by: str 
             write_document(out, {"run": summary.to_json(),
                                  "approval": view.approval_json(decided)})
             return
-        out.line(f"approval {sanitize(decided.id)}: {sanitize(decided.status)} by "
+        out.line(f"approval {sanitize(view.echo(decided.id))}: {sanitize(decided.status)} by "
                  f"{sanitize(decided.decided_by)}")
         _report_run(out, summary)
         if decided.status == ApprovalStatus.APPROVED:

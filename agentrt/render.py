@@ -24,6 +24,7 @@ from agentrt.trace import sanitize
 from agentrt.view import RunSummary, StepSummary, bound_raw, bound_string
 
 __all__ = [
+    "CELL_BYTES",
     "GOAL_COLUMN_BYTES",
     "PAYLOAD_BYTES",
     "RUNS_HEADER",
@@ -33,6 +34,7 @@ __all__ = [
     "approval_block",
     "cap_payload",
     "clip_bytes",
+    "clip_cell",
     "clip_goal",
     "indent_json",
     "local_stamp",
@@ -48,6 +50,9 @@ TEXT_FIELD_BYTES = 4000
 PAYLOAD_BYTES = 8000
 #: The goal column of ``agentrt runs``.
 GOAL_COLUMN_BYTES = 60
+#: Any other table cell (an id, a status, a tool): a table pads every row to its
+#: column's widest cell, so one oversized cell would widen every line.
+CELL_BYTES = 80
 
 RUNS_HEADER = ("RUN", "STATUS", "REASON", "STEPS", "CREATED", "APPROVAL", "GOAL")
 STEPS_HEADER = ("STEP", "TOOL", "DECISION", "STATUS", "POLICY", "OBSERVATION", "SUMMARY")
@@ -78,14 +83,24 @@ def clip_bytes(text: str, limit: int = TEXT_FIELD_BYTES) -> str:
     return f"{head}...[{len(data) - len(head.encode('utf-8', 'surrogatepass'))} more bytes]"
 
 
-def clip_goal(goal: str, limit: int = GOAL_COLUMN_BYTES) -> str:
-    """A goal for one table cell: sanitized (newlines become spaces), cut to
+def clip_cell(text: str, limit: int = CELL_BYTES) -> str:
+    """``text`` for one table cell: sanitized (newlines become spaces), cut to
     ``limit`` bytes with ``…``."""
-    text = sanitize(goal)
+    text = sanitize(text)
     data = text.encode("utf-8", "surrogatepass")
     if len(data) <= limit:
         return text
     return data[:_cut(data, limit)].decode("utf-8", "surrogatepass") + "…"
+
+
+def clip_goal(goal: str, limit: int = GOAL_COLUMN_BYTES) -> str:
+    """A goal for one table cell (:func:`clip_cell`), cut to ``limit`` bytes."""
+    return clip_cell(goal, limit)
+
+
+def _field(text: str) -> str:
+    """A stored text on a line of its own, sanitized and cut to ``TEXT_FIELD_BYTES``."""
+    return sanitize(clip_bytes(text))
 
 
 def cap_payload(payload: bytes, limit: int = PAYLOAD_BYTES) -> bytes:
@@ -105,7 +120,7 @@ def local_stamp(t: datetime | None) -> str:
 
 
 def _dash(text: str) -> str:
-    return sanitize(text) if text else "-"
+    return clip_cell(text) if text else "-"
 
 
 # -- tables ------------------------------------------------------------------
@@ -145,10 +160,10 @@ class Table:
 
 def run_row(s: RunSummary) -> list[str]:
     return [
-        sanitize(s.id),
-        sanitize(s.status),
+        clip_cell(s.id),
+        clip_cell(s.status),
         _dash(s.reason),
-        str(s.steps),
+        clip_cell(str(s.steps)),
         local_stamp(s.created_at),
         _dash(s.pending_approval_id),
         clip_goal(s.goal),
@@ -160,13 +175,13 @@ def step_row(s: StepSummary) -> list[str]:
     if s.decode_error:
         summary = f"{summary} [unread: {s.decode_error}]".lstrip()
     return [
-        str(s.index),
+        clip_cell(str(s.index)),
         _dash(s.tool),
         _dash(s.decision),
         _dash(s.status),
         _dash(s.policy),
         _dash(s.observation),
-        sanitize(clip_bytes(summary)) if summary else "",
+        _field(summary) if summary else "",
     ]
 
 
@@ -189,17 +204,17 @@ def _dollars(micros: int) -> str:
 
 def run_header(s: RunSummary) -> list[str]:
     """The lines above a run's approvals and steps in ``agentrt show``."""
-    status = sanitize(s.status)
+    status = _field(s.status)
     if s.reason:
-        status += f" ({sanitize(s.reason)})"
+        status += f" ({_field(s.reason)})"
     if s.reason_detail:
-        status += f": {sanitize(clip_bytes(s.reason_detail))}"
+        status += f": {_field(s.reason_detail)}"
     stamps = f"created {local_stamp(s.created_at)}"
     if s.finished_at is not None and s.finished_at != ZERO_TIME:
         stamps += f"  finished {local_stamp(s.finished_at)}"
     lines = [
-        f"run     {sanitize(s.id)}",
-        f"goal    {sanitize(clip_bytes(s.goal))}",
+        f"run     {_field(s.id)}",
+        f"goal    {_field(s.goal)}",
         f"status  {status}",
         f"steps   {s.steps}",
         stamps,
@@ -288,25 +303,27 @@ def approval_block(a: Approval, *, reason: str = "", db_path: str = "") -> list[
     ``hash`` is what a decision made after reading this block is bound to.
     ``db_path`` adds the command that decides it.
     """
-    tool = a.request.spec.name if a.request is not None else ""
+    name = a.request.spec.name if a.request is not None else ""
+    tool = _field(name) if name else "-"
     lines = [
-        f"APPROVAL WAITING  {sanitize(a.id)}",
-        f"kind    {sanitize(a.kind)}",
-        f"tool    {_dash(tool)}",
+        f"APPROVAL WAITING  {_field(a.id)}",
+        f"kind    {_field(a.kind)}",
+        f"tool    {tool}",
     ]
     if reason:
-        lines.append(f"reason  {sanitize(clip_bytes(reason))}")
+        lines.append(f"reason  {_field(reason)}")
     if a.expires_at is not None:
         lines.append(f"expires {local_stamp(a.expires_at)}")
     if a.decode_error:
-        lines.append(f"unread  {sanitize(clip_bytes(a.decode_error))}")
-    lines.append(f"hash    {sanitize(a.hash)}")
+        lines.append(f"unread  {_field(a.decode_error)}")
+    lines.append(f"hash    {_field(a.hash)}")
     lines.append("arguments:")
     lines.extend(_field_lines(a.request.args if a.request is not None else b""))
     lines.append("presentation:")
     lines.extend(_field_lines(a.presentation))
-    if db_path:
+    # An id too long to show whole would make a command that names nothing.
+    if db_path and clip_bytes(a.run_id) == a.run_id and clip_bytes(a.id) == a.id:
         lines.append(f"decide with: agentrt --db {shlex.quote(sanitize(db_path))} approve "
                      f"{shlex.quote(sanitize(a.run_id))} --approval {shlex.quote(sanitize(a.id))}")
-    lines.append(f"----- end of approval {sanitize(a.id)} for tool {_dash(tool)} -----")
+    lines.append(f"----- end of approval {_field(a.id)} for tool {tool} -----")
     return lines
