@@ -10,6 +10,7 @@ from agentrt_export.follower import (
     PageSink,
     PartialPage,
 )
+from agentrt_export.signals import stop_on_signals
 from agentrt_export.sinks import JSONLSink
 
 __all__ = [
@@ -26,4 +27,5 @@ __all__ = [
     "MemoryCursor",
     "PageSink",
     "PartialPage",
+    "stop_on_signals",
 ]

@@ -12,7 +12,6 @@ import contextlib
 import math
 import os
 import signal
-import socket
 import sys
 import threading
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from agentrt_export.follower import (
     Sink,
     file_identity,
 )
+from agentrt_export.signals import stop_on_signals
 from agentrt_export.sinks import JSONLSink
 
 __all__ = ["FollowSettings", "follower_options", "main", "run_follower"]
@@ -125,47 +125,6 @@ def settings_from(**kw: Any) -> FollowSettings:
 #: to the process's exit a signal means "stop cleanly", never "die", so one
 #: that lands after the last page was saved still exits 0.
 _STOP = threading.Event()
-
-
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
-def _install_signal_handlers() -> None:
-    """Make SIGTERM and SIGINT set ``_STOP``, from a thread of its own.
-
-    Not from the handler: a Python handler runs in the main thread between two
-    bytecodes, and may run while that thread is inside ``_STOP.wait(...)`` (the
-    follower's short waits) holding the event's internal lock, where
-    ``_STOP.set()`` would block forever on a lock its own thread holds. So the
-    handler does nothing; the C-level handler writes the signal's number to a
-    socket (``signal.set_wakeup_fd``) the moment it lands, and a daemon thread
-    reading that socket sets the event as any other thread would.
-    """
-    receiver, sender = socket.socketpair()
-    sender.setblocking(False)
-    signal.set_wakeup_fd(sender.fileno(), warn_on_full_buffer=False)
-    for s in _STOP_SIGNALS:
-        signal.signal(s, _ignore_here)
-    threading.Thread(target=_stop_on_signal, args=(receiver, sender),
-                     name="agentrt-export signals", daemon=True).start()
-
-
-def _ignore_here(signum: int, frame: object) -> None:
-    """Replaces the default action (terminate); ``_stop_on_signal`` does the work."""
-
-
-def _stop_on_signal(receiver: socket.socket, sender: socket.socket) -> None:
-    # ``sender`` is kept referenced here: the wakeup fd must stay open.
-    stops = {int(s) for s in _STOP_SIGNALS}
-    while True:
-        try:
-            numbers = receiver.recv(512)
-        except OSError:
-            return
-        if not numbers:
-            return
-        if stops.intersection(numbers):
-            _STOP.set()
 
 
 def _progress(store: Store) -> Callable[[int, int], None] | None:
@@ -402,7 +361,7 @@ def otel(endpoint: str | None, protocol: str | None, headers: tuple[str, ...],
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: exit 0 ok, 1 on failure (``error: <sentence>``), 2 on usage."""
-    _install_signal_handlers()
+    stop_on_signals(_STOP)
     code = run_click(cli, "agentrt-export", argv)
     # Interpreter shutdown puts Python-level handlers back to the default
     # (terminate), but leaves an ignored signal ignored: the work is done and

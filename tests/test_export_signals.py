@@ -11,7 +11,9 @@ second sends them at random moments to the unmodified command.
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -45,6 +47,13 @@ cli.main(sys.argv[1:])
 
 
 def start(db: str, child: list[str]) -> subprocess.Popen[bytes]:
+    if child[0] == "-c" and "cli.main" not in child[1]:  # a program of its own, run beside db
+        cursor = os.path.join(os.path.dirname(db), "export.cursor")
+        if os.path.exists(cursor):
+            os.remove(cursor)  # each round delivers the three events again
+        return subprocess.Popen([sys.executable, *child], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=child_env(),
+                                cwd=os.path.dirname(db))
     return subprocess.Popen([sys.executable, *child, "jsonl", "--db", db, "--follow"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=child_env(), cwd=REPO_ROOT)
@@ -100,3 +109,20 @@ def test_sigterm_stops_a_follower_whose_main_thread_is_inside_stop_wait(tmp_path
 def test_sigterm_at_random_moments_stops_a_caught_up_follower_with_exit_0(tmp_path):
     # The command as shipped: asleep in select, or polling after a notification.
     run_rounds(tmp_path, ["-m", "agentrt_export.cli"], rounds(10, 400), ["asleep", "polling"])
+
+
+def documented_program() -> str:
+    """The "From Python" program of docs/exporting.md, as written there."""
+    with open(os.path.join(REPO_ROOT, "docs", "exporting.md"), encoding="utf-8") as f:
+        text = f.read()
+    found = re.search(r"## From Python\n\n```python\n(.*?)```", text, re.S)
+    assert found is not None
+    return found.group(1)
+
+
+def test_stop_on_signals_stops_the_documented_program_at_any_moment(tmp_path):
+    # The program follows runs.db in its directory, its main thread kept inside
+    # stop.wait() by the polling waiter; the documented handler must end it.
+    polling = POLLING_CHILD.replace("cli.main(sys.argv[1:])\n", "")
+    run_rounds(tmp_path, ["-c", polling + documented_program()], rounds(10, 100),
+               ["polling (forced)"])

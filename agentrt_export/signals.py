@@ -1,0 +1,59 @@
+"""Stop a follower on SIGTERM and SIGINT without the deadlock a plain handler risks.
+
+A Python signal handler runs in the main thread between two bytecodes. When
+those bytecodes are inside ``stop.wait(...)`` (the follower's short waits),
+the thread holds the event's internal lock, and a handler calling
+``stop.set()`` waits forever for a lock its own thread holds. So the handler
+here does nothing: the C-level handler writes the signal's number to a socket
+(``signal.set_wakeup_fd``) the moment it lands, and a daemon thread reading
+that socket sets the event, as any other thread may.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+from collections.abc import Iterable
+
+__all__ = ["stop_on_signals"]
+
+DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def stop_on_signals(stop: threading.Event,
+                    signals: Iterable[signal.Signals] = DEFAULT_SIGNALS) -> None:
+    """Make each of ``signals`` set ``stop`` instead of ending the process.
+
+    Call it from the main thread (Python installs handlers only there), once
+    per process: it takes over ``signal.set_wakeup_fd``.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        raise ValueError("stop_on_signals() must be called from the main thread, the only "
+                         "one Python lets install signal handlers")
+    wanted = {int(s) for s in signals}
+    receiver, sender = socket.socketpair()
+    sender.setblocking(False)
+    signal.set_wakeup_fd(sender.fileno(), warn_on_full_buffer=False)
+    for number in wanted:
+        signal.signal(number, _handled_by_the_thread)
+    threading.Thread(target=_set_on_signal, args=(receiver, sender, wanted, stop),
+                     name="agentrt-export signals", daemon=True).start()
+
+
+def _handled_by_the_thread(signum: int, frame: object) -> None:
+    """Replaces the default action (terminate); ``_set_on_signal`` does the work."""
+
+
+def _set_on_signal(receiver: socket.socket, sender: socket.socket, wanted: set[int],
+                   stop: threading.Event) -> None:
+    # ``sender`` is kept referenced here: the wakeup fd must stay open.
+    while True:
+        try:
+            numbers = receiver.recv(512)
+        except OSError:
+            return
+        if not numbers:
+            return
+        if wanted.intersection(numbers):
+            stop.set()
