@@ -139,33 +139,52 @@ def test_verify_writes_nothing(path):
     assert file_state(path) == before
 
 
-def test_reads_long_fields_in_chunks(tmp_path):
-    """Fields over 4096 bytes are streamed into the hash 64 KiB at a time."""
-    path = str(tmp_path / "long.db")
-    payload = ('{"content":"' + "ü" * 150_000 + '"}').encode()  # 300,015 bytes
-    step = "s" * 10_000
+def long_field_db(path: str, payload_chars: int) -> None:
+    payload = ('{"content":"' + "ü" * payload_chars + '"}').encode()
     with open_store(path) as store, store.tx() as tx:
         insert_run(tx, "r")
-        tx.append("r", step, T0, "step.tool_finished", payload)
+        tx.append("r", "s" * 10_000, T0, "step.tool_finished", payload)
         tx.append("r", "", T0, "run.finished", {})
-    chunk_reads: list[tuple[str, int, int]] = []
+
+
+def statements_of_verify(path: str) -> list[str]:
+    seen: list[str] = []
 
     def trace(cursor, sql, bindings):
-        if "substr(CAST(" in sql and "WHERE seq = ?" in sql:
-            chunk_reads.append((sql.split("CAST(")[1].split(" ")[0], bindings[0], bindings[1]))
+        seen.append(sql)
         return True
 
     with open_existing(path) as store:
         store.db().exec_trace = trace
         report = store.verify_events()
         assert report.intact and report.checked == 2
+    return seen
+
+
+def test_long_fields_are_hashed_in_one_pass_with_no_query_per_chunk(tmp_path):
+    """Fields over 4096 bytes are streamed into the hash from one blob handle: a
+    query per 64 KiB chunk re-read the value from its start each time, so a
+    100 MB payload took hours."""
+    short, long_ = str(tmp_path / "short.db"), str(tmp_path / "long.db")
+    long_field_db(short, 3_000)  # 6 KB: past the inline 4096 bytes, one chunk
+    long_field_db(long_, 1_000_000)  # 2 MB: 31 chunks
+    assert statements_of_verify(long_) == statements_of_verify(short)
+    payload = ('{"content":"' + "ü" * 1_000_000 + '"}').encode()
+    with open_existing(long_) as store:
         assert store.event_hash(1) == chain_hash(
-            "", 1, "r", step, "2026-10-01T09:00:00Z", "step.tool_finished", payload)
-    payload_offsets = [off for col, off, size in chunk_reads if col == "payload_json"]
-    assert payload_offsets == [4097 + i * 65536 for i in range(5)]  # 4096 inline + 5 chunks
-    assert [(off, size) for col, off, size in chunk_reads if col == "step_id"] == [
-        (4097, 65536)]
-    assert all(size == 65536 for _, _, size in chunk_reads)
+            "", 1, "r", "s" * 10_000, "2026-10-01T09:00:00Z", "step.tool_finished", payload)
+
+
+@pytest.mark.parametrize("offset", [4095, 4096, 4097, 65536 + 4096, 2_000_013])
+def test_a_byte_changed_anywhere_in_a_long_field_breaks_the_chain(tmp_path, offset):
+    path = str(tmp_path / "long.db")
+    long_field_db(path, 1_000_000)  # 2,000,015 bytes
+    edit(path, "UPDATE events SET payload_json = CAST(substr(CAST(payload_json AS BLOB), 1, ?) "
+               "|| X'41' || substr(CAST(payload_json AS BLOB), ?) AS TEXT) WHERE seq = 1",
+         offset, offset + 2)
+    with open_existing(path) as store:
+        broken = store.verify_events().broken
+        assert broken is not None and broken.seq == 1
 
 
 def test_the_stored_hash_read_is_cut_to_128_characters(path):

@@ -260,6 +260,28 @@ def test_read_only_the_page_is_read_from_a_huge_database(huge):
     assert events.max_rss < bound
 
 
+def test_verify_streams_a_huge_payload_through_the_hash_in_bounded_memory(tmp_path):
+    from datetime import UTC, datetime
+
+    def db_with_payload(path: str, size: int) -> None:
+        at = datetime(2026, 10, 1, tzinfo=UTC)
+        with open_store(path) as store, store.tx() as tx:
+            tx.execute("INSERT INTO runs (id, goal, status, limits_json, created_at) "
+                       "VALUES ('r', 'g', 'RUNNING', '{}', '2026-10-01T09:00:00Z')")
+            tx.append("r", "s", at, "step.tool_finished", b'{"c":"' + b"x" * size + b'"}')
+            tx.append("r", "", at, "run.finished", {})
+
+    small, big = str(tmp_path / "small.db"), str(tmp_path / "big.db")
+    db_with_payload(small, 10)
+    db_with_payload(big, 64 * MB)
+    baseline = run_child("--db", small, "verify")
+    checked = run_child("--db", big, "verify")
+    assert (baseline.code, checked.code) == (0, 0), checked.stderr
+    assert b"intact: 2 event(s), seq 1 to 2" in checked.stdout
+    # Read in 64 KiB chunks: the 64 MB payload is never held whole.
+    assert checked.max_rss < baseline.max_rss + 16 * MB, (checked.max_rss, baseline.max_rss)
+
+
 def test_a_closed_pipe_ends_the_listing_quietly(huge):
     path, _ = huge
     reader = subprocess.Popen(["head", "-c", "200"], stdin=subprocess.PIPE,

@@ -2,8 +2,12 @@
 
 Used by migration 6 (which hashes every stored event) and by
 ``Store.verify_events``. Fields are read as bytes exactly as stored: each
-field's length and first 4096 bytes come with the page; a longer field is
-streamed into the hash in 64 KiB chunks, so a huge payload never sits in memory.
+field's length comes with the page (``octet_length`` reads only the record
+header), and so does a field of at most 4096 bytes; a longer one is streamed
+into the hash in 64 KiB chunks through an incremental blob handle, so a huge
+payload never sits in memory and is read once. (A ``CAST`` of it would make
+SQLite load it whole; a ``substr`` per chunk, load it once per chunk: a
+100 MB payload took hours.)
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ _FIELDS = ("run_id", "step_id", "at", "type", "payload_json")
 _PAGE_SQL = (
     f"SELECT seq, substr(hash, 1, {STORED_HASH_CAP}), "
     + ", ".join(
-        f"length(CAST({f} AS BLOB)), substr(CAST({f} AS BLOB), 1, {CHAIN_INLINE})"
+        f"octet_length({f}), "
+        f"CASE WHEN octet_length({f}) <= {CHAIN_INLINE} THEN CAST({f} AS BLOB) END"
         for f in _FIELDS
     )
     + " FROM events WHERE seq >= ? AND seq <= ? ORDER BY seq LIMIT ?"
@@ -83,20 +88,29 @@ def _event_hash(conn: apsw.Connection, prev: str, row: Sequence[Any]) -> str:
     for i, field in enumerate(_FIELDS):
         length = int(row[2 + 2 * i] or 0)
         parts.append((length, _as_bytes(row[3 + 2 * i]), field))
-    for length, head, name in parts:
+    for length, value, name in parts:
         h.update(b"%d:" % length)
-        h.update(head)
         if name and length > CHAIN_INLINE:
-            offset = CHAIN_INLINE + 1
-            while offset <= length:
-                chunk = conn.execute(
-                    f"SELECT substr(CAST({name} AS BLOB), ?, ?) FROM events WHERE seq = ?",
-                    (offset, CHUNK, seq),
-                ).fetchone()
-                h.update(_as_bytes(chunk[0] if chunk else b""))
-                offset += CHUNK
+            _hash_long(conn, h, name, seq, length)
+        else:
+            h.update(value)
         h.update(b",")
     return h.hexdigest()
+
+
+def _hash_long(conn: apsw.Connection, h: Any, column: str, seq: int, length: int) -> None:
+    """Feed ``h`` the first ``length`` bytes of a long field, 64 KiB at a time.
+    Only a text or a blob can be that long, and SQLite's blob handle reads
+    either as its stored (UTF-8) bytes, which is what ``CAST(... AS BLOB)``
+    gives."""
+    with conn.blob_open("main", "events", column, seq, False) as blob:
+        remaining = min(length, blob.length())
+        while remaining > 0:
+            chunk = blob.read(min(CHUNK, remaining))
+            if not chunk:
+                return
+            h.update(chunk)
+            remaining -= len(chunk)
 
 
 def _pages(conn: apsw.Connection, first: int, last: int) -> Iterator[list[Any]]:
