@@ -435,7 +435,7 @@ def test_a_run_id_that_cannot_address_its_run_is_refused(run_id, says):
 
 def test_a_new_id_that_returns_no_str_is_refused_before_the_run_is_written():
     d = driver(new_id=lambda: 5)
-    with pytest.raises(ConfigError, match=r"the run id new_id\(\) returned is an int \(5\)"):
+    with pytest.raises(ConfigError, match=r"the id new_id\(\) returned is an int \(5\), not a str"):
         d.start("g", limits())
     nothing_written(d.store)
 
