@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 
 import pytest
 from _driver_kit import call, limits, make, types
+from eventdb import REPO_ROOT, child_env
 
 from agentrt.driver import FuncTool, Operator, ToolResult, approve, cancel
 from agentrt.errors import RunStateError
 from agentrt.records import Decision
+from agentrt.store import open_existing
 from agentrt.testing import FakeClock
 
 
@@ -108,3 +114,55 @@ def test_cancel_uses_the_callers_clock_and_refuses_a_finished_run():
     assert run.finished_at == c.peek()
     with pytest.raises(RunStateError, match="run r is already CANCELLED"):
         d.cancel("r", "ops", "")
+
+
+# The recipe docs/architecture.md gives for Ctrl-C: a signal sets an event from a
+# thread (stop_on_signals), and a thread of the program cancels the token.
+CTRL_C_PROGRAM = """
+import sys, threading
+sys.path.insert(0, sys.argv[2])
+from _driver_kit import call, limits, make
+from agentrt.driver import CancelledError, CancelToken, FuncTool, ToolResult
+from agentrt.records import Decision
+from agentrt.store import open_store
+from agentrt_export import stop_on_signals
+
+token = CancelToken()
+stop = threading.Event()
+stop_on_signals(stop)
+threading.Thread(target=lambda: (stop.wait(), token.cancel("ctrl-c")), daemon=True).start()
+
+def write(c):
+    print("running", flush=True)
+    c.cancel.wait(30)  # a tool that honours its token
+    return ToolResult(b'{"stopped":true}', "stopped")
+
+d, store, _, _ = make(store=open_store(sys.argv[1]), script=[call("write"), Decision.complete()],
+                      tools=[FuncTool("write", write, side_effect="local_mutation", timeout=60)])
+try:
+    d.start("g", limits(), run_id="r", cancel=token)
+except CancelledError as exc:
+    print(f"cancelled: {exc}", flush=True)
+"""
+
+
+def test_ctrl_c_through_stop_on_signals_cancels_a_running_driver(tmp_path):
+    path = str(tmp_path / "runs.db")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CTRL_C_PROGRAM, path, os.path.join(REPO_ROOT, "tests")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env(), cwd=REPO_ROOT)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"running\n"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (proc.returncode, err) == (0, b""), err
+    assert out.startswith(b"cancelled: ")
+    with open_existing(path) as store:
+        (step,) = store.list_steps("r")
+        assert step.observation.content == b'{"stopped":true}'  # the effect is recorded
+        assert store.get_run("r").status == "RUNNING"  # for a resume, as a stopped caller
