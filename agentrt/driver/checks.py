@@ -8,6 +8,7 @@ the argument, what it was given and what it takes.
 
 from __future__ import annotations
 
+import inspect
 import math
 import threading
 from datetime import timedelta
@@ -130,3 +131,11 @@ def check_method(name: str, value: Any, methods: tuple[str, ...], expected: str,
         if not callable(getattr(value, method, None)):
             suffix = f"; {hint}" if hint and callable(value) else ""
             raise ConfigError(f"{name} is {described(value)}, not {expected}{suffix}")
+
+
+def close_if_coroutine(value: object) -> None:
+    """An async function's result (a coroutine) never runs here, since consumer
+    code is called synchronously: close it, or Python warns "never awaited" at
+    some later, unrelated moment."""
+    if inspect.iscoroutine(value):
+        value.close()

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import PurePath
+from typing import Any
 
 import apsw
 
@@ -350,6 +351,14 @@ def _reused_id_table(exc: apsw.ConstraintError) -> str:
     return ""
 
 
+def _answer(fn: Callable[[], Any], what: str) -> Any:
+    """``fn()``; an exception from it (consumer code) said as one ConfigError."""
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - consumer code; said in one sentence
+        raise ConfigError(f"{what} raised {type(exc).__name__}: {exception_text(exc)}") from exc
+
+
 def _aware(now: Callable[[], datetime]) -> Callable[[], datetime]:
     """The consumer's clock, with a naive reading taken as UTC (stored times are UTC,
     and a naive one could not be compared with them). A reading that raises or is
@@ -357,11 +366,7 @@ def _aware(now: Callable[[], datetime]) -> Callable[[], datetime]:
     stops as a crashed driver would, and a driver with a working clock resumes."""
 
     def reading() -> datetime:
-        try:
-            t = now()
-        except Exception as exc:  # noqa: BLE001 - consumer code; said in one sentence
-            raise ConfigError(f"the driver's clock now() raised {type(exc).__name__}: "
-                              f"{exception_text(exc)}") from exc
+        t = _answer(now, "the driver's clock now()")
         if not isinstance(t, datetime):
             raise ConfigError(f"the driver's clock now() returned {described(t)}, "
                               "not a datetime")
@@ -376,12 +381,7 @@ def _checked_ids(new_id: Callable[[], str]) -> Callable[[], str]:
     A failure stops the call as a crashed driver would (the run stays resumable)."""
 
     def fresh() -> str:
-        try:
-            value = new_id()
-        except Exception as exc:  # noqa: BLE001 - consumer code; said in one sentence
-            raise ConfigError(f"new_id() raised {type(exc).__name__}: "
-                              f"{exception_text(exc)}") from exc
-        return check_text("the id new_id() returned", value,
+        return check_text("the id new_id() returned", _answer(new_id, "new_id()"),
                           blank="every step, call and approval needs an id",
                           utf8=_NOT_UTF8_ID)
 

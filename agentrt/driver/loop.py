@@ -15,6 +15,7 @@ from typing import Any
 
 from agentrt.canonical import check_json
 from agentrt.driver.agent import StepInput
+from agentrt.driver.checks import close_if_coroutine
 from agentrt.driver.core import policy_form
 from agentrt.driver.errors import CancelledError, LimitError, ModelUnavailableError, find_cause
 from agentrt.driver.limits import check_before_step
@@ -168,6 +169,7 @@ def _decide(s: Session, run: Run, step: Step) -> Run | None:
         if model is not None:
             model.close()
     if not isinstance(decision, Decision):
+        close_if_coroutine(decision)
         err = TypeError(f"the agent returned {type(decision).__name__}, not a Decision")
         return _agent_failed(s, step, err)
     mistyped = _mistyped_text(decision)

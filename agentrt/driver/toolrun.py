@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from agentrt.canonical import check_json, content_hash
 from agentrt.driver.cancel import CancelToken
+from agentrt.driver.checks import close_if_coroutine
 from agentrt.driver.errors import AbortRun, ToolError
 from agentrt.driver.session import observation
 from agentrt.driver.tools import Tool, ToolCall, ToolResult
@@ -57,6 +58,7 @@ def _content(name: str, value: object) -> tuple[Observation, bytes]:
     elif isinstance(value, (bytes, str)) or value is None:
         raw, summary = value, ""
     else:
+        close_if_coroutine(value)
         msg = f"the tool returned {type(value).__name__}, not a ToolResult"
         return _failure(name, "error", msg), b""
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
