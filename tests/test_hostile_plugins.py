@@ -616,3 +616,39 @@ def test_an_id_function_that_repeats_an_id_is_said_as_such_and_the_run_is_resuma
     d2, _, _, _ = make(store=store, script=[call("read", b'{"n":1}'), Decision.complete()])
     assert d2.resume("r").status == "COMPLETED"
     settled(store, "r")
+
+
+async def _later(*args):
+    return None
+
+
+def _no_warnings(fn):
+    """``fn()``'s result, with no warning raised by it or by a collection after it."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fn()
+        gc.collect()
+    assert [str(w.message) for w in caught] == []
+    return result
+
+
+def test_an_async_policy_model_or_reconciler_is_a_recorded_failure_with_its_coroutine_closed():
+    d, store, _, _ = make(script=[call("read", b'{"n":1}')], policy=PolicyFunc(_later))
+    run = _no_warnings(lambda: d.start("g", limits(), run_id="r"))
+    assert run.reason_detail == "policy: the policy returned coroutine, not a PolicyDecision"
+
+    class AsyncModel:
+        def name(self):
+            return "async-model"
+
+        async def generate(self, request, cancel):
+            return None
+
+    d = Driver(open_store(":memory:"), ModelToolAgent(), DefaultPolicy(), [static_tool("read")],
+               model=ModelConfig(AsyncModel()))
+    run = _no_warnings(lambda: d.start("g", limits(), run_id="r"))
+    assert run.reason_detail.endswith("the model returned coroutine, not a ModelResponse")
+
+    d, store = stopped_with(_later)
+    run = _no_warnings(lambda: d.resume("r"))
+    assert run.reason_detail == "reconcile: returned coroutine, not a Reconciliation"

@@ -360,6 +360,7 @@ def evaluate(s: Session, request: ToolRequest, view: RunView,
     except Exception as exc:  # noqa: BLE001 - a policy error fails the run, not the driver
         return None, exc
     if not isinstance(pd, PolicyDecision):
+        close_if_coroutine(pd)
         return None, TypeError(f"the policy returned {type(pd).__name__}, not a PolicyDecision")
     cap, pres = pd.capability, pd.presentation
     if not (isinstance(pd.outcome, str) and isinstance(pd.reason, str)

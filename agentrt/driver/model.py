@@ -20,7 +20,13 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from agentrt.driver.cancel import CancelToken
-from agentrt.driver.checks import MAX_WAIT, check_int, check_method, wait_duration
+from agentrt.driver.checks import (
+    MAX_WAIT,
+    check_int,
+    check_method,
+    close_if_coroutine,
+    wait_duration,
+)
 from agentrt.driver.errors import (
     CancelledError,
     ConfigError,
@@ -514,6 +520,7 @@ class ModelCaller:
         if exc is None:
             response = out.value
             if not isinstance(response, ModelResponse):
+                close_if_coroutine(response)
                 text = f"the model returned {type(response).__name__}, not a ModelResponse"
                 return _Attempt(error, Usage(), 0, text,
                                 raise_=ModelUnavailableError(attempt, text))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from agentrt.canonical import check_json
+from agentrt.driver.checks import close_if_coroutine
 from agentrt.driver.loop import _q, mistyped_policy
 from agentrt.driver.policy import RunView
 from agentrt.driver.session import (
@@ -230,6 +231,7 @@ def _reconcile(s: Session, run: Run, executing: Step | None, now: datetime) -> R
         return s.settle(ACTIVE, _failed(Reason.INTERNAL_ERROR,
                                         f"reconcile: {exception_text(exc)}"))
     if not isinstance(rec, Reconciliation):
+        close_if_coroutine(rec)
         return s.settle(ACTIVE, _failed(
             Reason.INTERNAL_ERROR,
             f"reconcile: returned {type(rec).__name__}, not a Reconciliation"))
