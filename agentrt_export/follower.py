@@ -12,6 +12,7 @@ the sink runs, so it never stops the writer's checkpoints.
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import threading
@@ -285,6 +286,11 @@ class Follower:
         if not isinstance(sink, PageSink) and not callable(sink):
             raise FollowError(f"sink is {_described(sink)}, not a function of one event or an "
                               "object with handle_page(events), such as JSONLSink")
+        if _is_async(sink):
+            raise FollowError(f"sink is {_described(sink)}, an async function: the follower "
+                              "calls its sink synchronously and would save the cursor past "
+                              "events it never handled; pass a plain function (run async "
+                              "code inside it with asyncio.run)")
         if stop is not None and not isinstance(stop, threading.Event):
             raise FollowError(f"stop is {_described(stop)}, not a threading.Event or None")
         stop = stop if stop is not None else threading.Event()
@@ -330,6 +336,14 @@ class Follower:
             if waiter.wait(timeout, stop):
                 settle_until = time.monotonic() + SETTLE_WINDOW
         return False
+
+
+def _is_async(sink: object) -> bool:
+    """Whether what the follower would call is an ``async def`` (its coroutine
+    would be dropped unrun while the cursor moved on)."""
+    called = sink.handle_page if isinstance(sink, PageSink) else sink
+    return (inspect.iscoroutinefunction(called)
+            or inspect.iscoroutinefunction(type(called).__call__))
 
 
 def file_identity(path: str) -> tuple[int, int] | None:

@@ -522,3 +522,29 @@ def test_a_cursor_file_without_a_binding_is_taken_as_the_reference_takes_it(db_p
     got = collect(Follower(open_existing(db_path), cursor=FileCursor(tmp_path / "cursor"),
                            once=True))
     assert [e.seq for e in got] == [11, 12]
+
+
+class AsyncPageSink:
+    async def handle_page(self, events):
+        pass
+
+
+class AsyncCallable:
+    async def __call__(self, event):
+        pass
+
+
+async def async_sink(event):
+    pass
+
+
+@pytest.mark.parametrize("sink", [async_sink, AsyncCallable(), AsyncPageSink()],
+                         ids=["function", "callable", "page-sink"])
+def test_an_async_sink_is_refused_before_the_cursor_could_pass_events_it_never_handled(
+        db_path, tmp_path, sink):
+    make_db(db_path, runs=1, events_per_run=3).close()
+    cursor = FileCursor(tmp_path / "cursor")
+    with pytest.raises(FollowError, match=r"an async function: the follower calls its sink "
+                                          r"synchronously"):
+        Follower(open_existing(db_path), cursor=cursor, once=True).follow(sink)
+    assert not (tmp_path / "cursor").exists()

@@ -652,3 +652,26 @@ def test_an_async_policy_model_or_reconciler_is_a_recorded_failure_with_its_coro
     d, store = stopped_with(_later)
     run = _no_warnings(lambda: d.resume("r"))
     assert run.reason_detail == "reconcile: returned coroutine, not a Reconciliation"
+
+
+class _AsyncObserver:
+    async def __call__(self, event):
+        pass
+
+
+@pytest.mark.parametrize("name", ["observer", "now", "new_id", "wall", "monotonic"])
+@pytest.mark.parametrize("fn", [_later, _AsyncObserver()], ids=["function", "callable"])
+def test_an_async_bookkeeping_function_is_refused_when_the_driver_is_built(name, fn):
+    from agentrt.driver import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"^agentrt: {name} is an async function, not .*: "
+                                          "agentrt calls it synchronously"):
+        Driver(open_store(":memory:"), ScriptedAgent([]), DefaultPolicy(), **{name: fn})
+
+
+def test_an_async_observer_or_clock_is_refused_by_the_operator():
+    from agentrt.driver import ConfigError, Operator
+
+    for kw in ({"observer": _later}, {"now": _later}):
+        with pytest.raises(ConfigError, match="is an async function"):
+            Operator(open_store(":memory:"), **kw)

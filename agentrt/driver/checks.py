@@ -119,9 +119,17 @@ def _span(d: timedelta) -> str:
     return str(d)
 
 
-def check_callable(name: str, value: Any, expected: str) -> None:
+def check_callable(name: str, value: Any, expected: str, *, sync: bool = False) -> None:
+    """Refuse what cannot be called; with ``sync``, also an async function, for
+    the functions the runtime calls for its own bookkeeping (an observer, a
+    clock, ids): their coroutine would never run, and no record could say so."""
     if not callable(value):
         raise ConfigError(f"{name} is {described(value)}, not {expected}")
+    if sync and (inspect.iscoroutinefunction(value)
+                 or inspect.iscoroutinefunction(type(value).__call__)):
+        raise ConfigError(f"{name} is an async function, not {expected}: agentrt calls it "
+                          "synchronously; pass a plain function (run async code inside it "
+                          "with asyncio.run)")
 
 
 def check_method(name: str, value: Any, methods: tuple[str, ...], expected: str,

@@ -168,7 +168,7 @@ class Driver:
             ("monotonic", monotonic, "a clock function monotonic() -> float"),
         ):
             if value is not None:
-                check_callable(name, value, expected)
+                check_callable(name, value, expected, sync=name != "reconcile")
         check_text("lease_owner", lease_owner, utf8=_NOT_UTF8_OWNER)
         check_text("lease_token", lease_token, utf8=_NOT_UTF8_OWNER)
         lease_ttl_ = _ttl(lease_ttl)

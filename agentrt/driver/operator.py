@@ -80,9 +80,9 @@ class Operator:
         if not isinstance(store, Store):
             raise ConfigError(f"store is {described(store)}, not a Store")
         if observer is not None:
-            check_callable("observer", observer, "a function observer(event)")
+            check_callable("observer", observer, "a function observer(event)", sync=True)
         if now is not None:
-            check_callable("now", now, "a clock function now() -> datetime")
+            check_callable("now", now, "a clock function now() -> datetime", sync=True)
         self.store = store
         self.observer = safe_observer(observer)
         self.now = now or system_now
