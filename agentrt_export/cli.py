@@ -309,7 +309,7 @@ def _parse_headers(values: tuple[str, ...]) -> dict[str, str] | None:
 @click.option("--endpoint", metavar="URL",
               help="Collector address (default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, "
                    "OTEL_EXPORTER_OTLP_ENDPOINT, then localhost).")
-@click.option("--protocol", type=click.Choice(["grpc", "http/protobuf"]),
+@click.option("--protocol", type=click.Choice(["grpc", "http/protobuf"], case_sensitive=False),
               help="OTLP transport (default: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, "
                    "OTEL_EXPORTER_OTLP_PROTOCOL, then http/protobuf).")
 @click.option("--header", "headers", multiple=True, metavar="KEY=VALUE",

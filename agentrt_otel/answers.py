@@ -9,6 +9,12 @@
   some of its spans (``partial_success.rejected_spans``, with a message). The
   request must not be sent again, as it would be rejected again; but the
   loss is said, once per answer, on the ``agentrt_otel`` logger.
+- **An answer that is not OTLP.** The SDK's HTTP exporter takes any 2xx as
+  acceptance, whatever the body; a web server that is not a collector (a
+  wrong port, an ingress's default page) answering 200 would be taken for
+  one while every span was lost. OTLP's answer is an
+  ``ExportTraceServiceResponse`` (protobuf, or JSON); any other body is a
+  failure, retried like any other until the endpoint is corrected.
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ from typing import Any
 
 from opentelemetry.sdk.trace.export import SpanExporter
 
-__all__ = ["RedirectRefused", "checked_grpc_exporter", "checked_http_session", "say_rejected"]
+__all__ = ["NotOTLPAnswer", "RedirectRefused", "checked_grpc_exporter", "checked_http_session",
+           "say_rejected"]
 
 _log = logging.getLogger("agentrt_otel")
 
@@ -31,22 +38,34 @@ class RedirectRefused(Exception):
     """The collector answered with a redirect, which is not an acceptance."""
 
 
+class NotOTLPAnswer(Exception):
+    """A 2xx answer whose body is not OTLP's: not a collector, not an acceptance."""
+
+
 def say_rejected(rejected: int, message: str) -> None:
     """The default :data:`OnRejected`: one warning line."""
     _log.warning("otel: the collector accepted a request but rejected %d of its spans (%s); "
                  "they are not sent again, as OTLP says", rejected, message or "no reason given")
 
 
-def _partial_success(body: bytes, on_rejected: OnRejected) -> None:
+def _partial_success(response: Any, on_rejected: OnRejected) -> None:
+    from google.protobuf import json_format  # type: ignore[import-untyped]
     from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceResponse,
     )
 
+    kind = response.headers.get("Content-Type") or "none"
     try:
-        answer = ExportTraceServiceResponse.FromString(body)
-    except DecodeError:
-        return  # not OTLP's answer: the status alone says it was accepted
+        if "json" in kind.lower():
+            answer = json_format.Parse(response.content, ExportTraceServiceResponse())
+        else:
+            answer = ExportTraceServiceResponse.FromString(response.content)
+    except (DecodeError, json_format.ParseError, UnicodeDecodeError):
+        raise NotOTLPAnswer(
+            f"HTTP {response.status_code} with an answer that is not OTLP (Content-Type "
+            f"{kind}): this URL is not a collector's OTLP/HTTP receiver; give the "
+            "collector's, such as http://collector:4318/v1/traces") from None
     _told(answer, on_rejected)
 
 
@@ -68,7 +87,7 @@ def checked_http_session(on_rejected: OnRejected = say_rejected) -> Any:
                 f"HTTP {status}: the collector redirects to {where}; give that URL as the "
                 "endpoint (the exporter does not follow redirects)")
         if 200 <= status < 300 and response.content:
-            _partial_success(response.content, on_rejected)
+            _partial_success(response, on_rejected)
 
     session = requests.Session()
     session.hooks["response"].append(check)

@@ -212,6 +212,9 @@ def _exporter(arg: str | None, env: Mapping[str, str]) -> Exporter:
         return "console"
     if value == "none":
         return "none"
+    if "," in value:
+        raise ConfigError(f"otel: OTEL_TRACES_EXPORTER {_shown(raw.strip())}: this command sends "
+                          "to one exporter at a time; give one of otlp, console, or none")
     raise ConfigError(f"otel: OTEL_TRACES_EXPORTER {_shown(raw.strip())}: otlp, console, or none")
 
 
@@ -275,7 +278,13 @@ def parse_headers(name: str, raw: str) -> dict[str, str]:
             raise ConfigError(
                 f"otel: {name}: an entry is not key=value; write each header as key=value, "
                 "separated by commas")
-        out[key.lower()] = unquote(value.strip())
+        try:
+            out[key.lower()] = unquote(value.strip(), errors="strict")
+        except UnicodeDecodeError:
+            raise ConfigError(
+                f"otel: {name}: the value of header {_shown(key.lower())} has percent escapes "
+                "that are not UTF-8; percent-encode its text as UTF-8 (a space is %20)"
+            ) from None
     return out
 
 
@@ -419,16 +428,39 @@ def _http_endpoint(source: str, value: str, *, append: bool, always: bool = Fals
     return url._replace(path=url.path.rstrip("/") + _TRACES_PATH).geturl()
 
 
-def _grpc_endpoint(source: str, value: str) -> str:
+def _grpc_host(source: str, value: str, host: str) -> None:
+    """Refuse a host gRPC's resolver cannot take: it has no IDNA, so a
+    non-ASCII name fails every attempt ("Misformatted domain name")."""
+    if host.isascii():
+        return
+    try:
+        ascii_host = " (" + host.encode("idna").decode("ascii") + ")"
+    except UnicodeError:
+        ascii_host = ""
+    raise ConfigError(f"otel: {source} {_shown_url(value)}: gRPC takes a host name in ASCII only; "
+                      f"give its ASCII form{ascii_host}")
+
+
+def _grpc_endpoint(source: str, value: str, warnings: list[str]) -> str:
     """A checked gRPC endpoint, as given (the SDK keeps a URL's host and port)."""
     problem = _unprintable(value)
     if problem:
         raise _refuse_endpoint(source, value, problem, "http://localhost:4317")
     lowered = value.lower()
     if "://" in value and lowered.startswith(("http://", "https://")):
-        _, problem = _url_problem(value)
+        url, problem = _url_problem(value)
         if problem:
             raise _refuse_endpoint(source, value, problem, "http://localhost:4317")
+        if "@" in url.netloc:
+            # The SDK hands "user:pw@host:port" to gRPC as the host: every attempt fails.
+            raise ConfigError(f"otel: {source} {_shown_url(value)}: a gRPC endpoint takes no "
+                              "user:password@; send credentials as a header, such as "
+                              "--header authorization=...")
+        _grpc_host(source, value, url.hostname or "")
+        if url.path not in ("", "/"):
+            warnings.append(f"otel: {source} {_shown_url(value)}: gRPC uses the host and port "
+                            f"alone, so the path {_shown(url.path)} is ignored (a URL with a "
+                            "path is OTLP/HTTP's: --protocol http/protobuf)")
         return value
     if lowered.startswith(_GRPC_TARGETS):
         scheme, _, rest = value.partition(":")
@@ -449,10 +481,12 @@ def _grpc_endpoint(source: str, value: str) -> str:
     if checked[1] is None:
         raise ConfigError(f"otel: {source} {_shown_url(value)}: give the port too, such as "
                           f"{value}:4317, or a URL")
+    _grpc_host(source, value, checked[0])
     return value
 
 
-def _endpoint(arg: str | None, protocol: OTLPProtocol, env: Mapping[str, str]) -> str:
+def _endpoint(arg: str | None, protocol: OTLPProtocol, env: Mapping[str, str],
+              warnings: list[str]) -> str:
     if arg is not None and not arg.strip():
         raise ConfigError(f"otel: --endpoint {_shown(arg)}: give the collector's address, such as "
                           f"{_HTTP_DEFAULT if protocol == 'http/protobuf' else _GRPC_DEFAULT}, "
@@ -461,15 +495,27 @@ def _endpoint(arg: str | None, protocol: OTLPProtocol, env: Mapping[str, str]) -
     generic = _first(env, "OTEL_EXPORTER_OTLP_ENDPOINT")
     if protocol == "grpc":
         if arg is not None:
-            return _grpc_endpoint("--endpoint", arg.strip())
+            return _grpc_endpoint("--endpoint", arg.strip(), warnings)
         found = specific or generic
-        return _grpc_endpoint(*found) if found else _GRPC_DEFAULT
+        return _grpc_endpoint(*found, warnings) if found else _GRPC_DEFAULT
     if arg is not None:
         return _http_endpoint("--endpoint", arg.strip(), append=True)
     if specific is not None:
-        return _http_endpoint(*specific, append=False)
+        url = _http_endpoint(*specific, append=False)
+        if urlsplit(url).path in ("", "/"):
+            warnings.append(
+                f"otel: {specific[0]} {_shown_url(url)} has no path, and is used as it is, as "
+                "the specification says: spans are posted to its root, where a collector "
+                "refuses them; give the full URL, such as http://collector:4318/v1/traces")
+        return url
     if generic is not None:
-        return _http_endpoint(*generic, append=True, always=True)
+        url = _http_endpoint(*generic, append=True, always=True)
+        if urlsplit(url).path.endswith(_TRACES_PATH * 2):
+            warnings.append(
+                f"otel: {generic[0]} {_shown_url(generic[1])} already ends in /v1/traces, and "
+                f"the specification adds it again: spans go to {_shown_url(url)}; give the "
+                "collector's base URL, or the full URL as OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        return url
     return _HTTP_DEFAULT + _TRACES_PATH
 
 
@@ -580,10 +626,17 @@ def resolve_config(
         return OTelConfig(exporter=kind, insecure=secure_arg is not False, timeout=wait,
                           resource_attributes=attrs, warnings=tuple(warnings))
     proto = _protocol(protocol, env)
-    url = _endpoint(endpoint, proto, env)
+    url = _endpoint(endpoint, proto, env, warnings)
     _check_tls_files(env)
     scheme = url.partition(":")[0].lower() if "://" in url else ""
     plain = scheme == "http" if secure_arg is None else secure_arg
+    if insecure and scheme == "https":
+        # The variables yield to the scheme, as the specification says; the
+        # flag is a request the https URL contradicts (not "skip verification").
+        raise ConfigError(f"otel: --insecure asks for plain text, but the endpoint "
+                          f"{_shown_url(url)} asks for TLS: give an http:// endpoint, or leave "
+                          "--insecure out (a certificate to trust goes in "
+                          "OTEL_EXPORTER_OTLP_CERTIFICATE)")
     if scheme == "https":
         plain = False
     return OTelConfig(
