@@ -200,6 +200,20 @@ def test_an_insecure_argument_beats_the_variables() -> None:
     assert resolve_config(protocol="grpc", endpoint="a:1", insecure=True, environ=env).insecure
 
 
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+@pytest.mark.parametrize("env", [
+    {"OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "https://c:4317"},
+    {"OTEL_EXPORTER_OTLP_TRACES_INSECURE": "true",
+     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://c:4317/v1/traces"},
+])
+def test_an_insecure_variable_yields_to_an_https_endpoint(
+    protocol: str, env: dict[str, str],
+) -> None:
+    # Unlike --insecure, which an https URL contradicts (refused), the
+    # variables yield to the scheme, as the specification says.
+    assert resolve_config(protocol=protocol, environ=env).insecure is False
+
+
 def test_headers_follow_argument_specific_generic() -> None:
     env = {"OTEL_EXPORTER_OTLP_HEADERS": "Api-Key=generic,x=1",
            "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "api-key=spec%20ific"}
