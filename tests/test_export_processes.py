@@ -481,13 +481,18 @@ def test_a_cursor_in_a_directory_this_user_cannot_write_is_refused_before_export
     assert os.listdir(locked) == []
 
 
+FOREIGN = ("so it is not the agentrt schema its version says: another program changed it; "
+           "open a backup, or a copy agentrt made")
+
+
 @pytest.mark.parametrize("command", ["jsonl", "otel"])
 @pytest.mark.parametrize(
     ("damage", "args", "message"),
     [
-        ("page", [], "database disk image is malformed"),
-        ("table", [], "no such table: events"),
-        ("column", ["--after-seq", "3"], "no such column: hash"),
+        ("page", [], "reading {db}: database disk image is malformed"),
+        ("table", [], "agentrt: open store: {db} has no table events, " + FOREIGN),
+        ("column", ["--after-seq", "3"],
+         "agentrt: open store: {db} has a table events without its column hash, " + FOREIGN),
     ],
 )
 def test_a_database_that_cannot_be_read_is_one_sentence_not_a_traceback(
@@ -511,8 +516,9 @@ def test_a_database_that_cannot_be_read_is_one_sentence_not_a_traceback(
     env["OTEL_TRACES_EXPORTER"] = "none"
     done = subprocess.run([sys.executable, "-m", "agentrt_export.cli", command, "--db", db,
                            *args], capture_output=True, env=env, cwd=REPO_ROOT, timeout=60)
-    # The operator command's wording for what SQLite could not read.
-    assert one_error_line(done) == f"reading {db}: {message}"
+    # The operator command's wording for what SQLite could not read, and the
+    # opener's for a table another program changed.
+    assert one_error_line(done) == message.format(db=db)
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "0.0001", "-1", "soon"])

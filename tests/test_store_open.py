@@ -271,6 +271,47 @@ def test_refuses_triggers_and_views_with_both_openers(tmp_path, kind, sql):
     assert file_state(path) == before
 
 
+@pytest.mark.parametrize(
+    ("sql", "detail"),
+    [
+        ("DROP TABLE model_calls", "has no table model_calls"),
+        ("ALTER TABLE steps DROP COLUMN policy_id", "has a table steps without its column "
+                                                     "policy_id"),
+        # Rebuilt with seq as a plain column: no longer the rowid that orders the events.
+        ("ALTER TABLE events RENAME TO old; CREATE TABLE events (seq TEXT PRIMARY KEY, "
+         "run_id TEXT, step_id TEXT, at TEXT, type TEXT, payload_json TEXT, hash TEXT); "
+         "INSERT INTO events SELECT * FROM old; DROP TABLE old",
+         "has a table events whose seq is not its INTEGER PRIMARY KEY"),
+    ],
+    ids=["table", "column", "seq"],
+)
+def test_a_table_another_program_changed_is_refused_by_both_openers_in_one_sentence(
+        tmp_path, sql, detail):
+    path = new_db(tmp_path)
+    conn = raw(path)
+    conn.execute(sql)
+    conn.execute("PRAGMA journal_mode=DELETE")  # so a WAL switch would show in the bytes
+    conn.close()
+    before = file_state(path)
+    for open_it in (lambda: open_store(path), lambda: open_existing(path),
+                    lambda: open_existing(path, read_only=False)):
+        with pytest.raises(StoreOpenError) as info:
+            open_it()
+        assert str(info.value) == (
+            f"agentrt: open store: {path} {detail}, so it is not the agentrt schema its "
+            "version says: another program changed it; open a backup, or a copy agentrt made")
+    assert file_state(path) == before
+
+
+def test_a_consumers_own_tables_and_columns_are_not_a_foreign_shape(tmp_path):
+    path = new_db(tmp_path)
+    conn = raw(path)
+    conn.execute("CREATE TABLE mine (x); ALTER TABLE runs ADD COLUMN my_note TEXT")
+    conn.close()
+    open_store(path).close()
+    open_existing(path).close()
+
+
 def _pragmas(conn: apsw.Connection) -> dict[str, object]:
     def one(name: str) -> object:
         return conn.execute(f"PRAGMA {name}").fetchone()[0]

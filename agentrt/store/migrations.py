@@ -155,8 +155,9 @@ def _refuse_newer(version: int, path: str) -> None:
         )
 
 
-def refuse_newer(conn: apsw.Connection, path: str) -> None:
-    """Refuse, before anything is written, a database a newer build migrated.
+def refuse_newer(conn: apsw.Connection, path: str) -> int:
+    """Refuse, before anything is written, a database a newer build migrated;
+    return its version (0 for a file with no migrations yet).
 
     :func:`migrate` checks again inside its transaction; this earlier check
     keeps the refusal from switching the file to WAL first.
@@ -164,8 +165,11 @@ def refuse_newer(conn: apsw.Connection, path: str) -> None:
     row = conn.execute(
         "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'schema_migrations'"
     ).fetchone()
-    if row is not None:
-        _refuse_newer(current_version(conn), path)
+    if row is None:
+        return 0
+    version = current_version(conn)
+    _refuse_newer(version, path)
+    return version
 
 
 def migrate(conn: apsw.Connection, path: str) -> None:

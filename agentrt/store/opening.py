@@ -183,6 +183,50 @@ def refuse_unsafe_schema(conn: apsw.Connection, path: str) -> None:
         )
 
 
+#: The runtime's tables and their columns, as its migrations make them.
+_SHAPE: dict[str, tuple[str, ...]] | None = None
+
+
+def _shape() -> dict[str, tuple[str, ...]]:
+    """The tables and columns a migrated database has, read once from one made
+    in memory by the same migrations, so the check cannot drift from them."""
+    global _SHAPE
+    if _SHAPE is None:
+        conn = open_memory()
+        try:
+            _SHAPE = {table: tuple(str(r[1]) for r in conn.execute(
+                          f"PRAGMA table_info({table})"))
+                      for table in _RUNTIME_TABLES}
+        finally:
+            conn.close()
+    return _SHAPE
+
+
+_RUNTIME_TABLES = ("runs", "steps", "events", "approvals", "model_calls", "tool_specs")
+
+
+def refuse_foreign_shape(conn: apsw.Connection, path: str) -> None:
+    """Refuse a file whose schema version is the runtime's but whose tables are
+    not: a table rebuilt by another program (a column missing, ``events.seq``
+    no longer the rowid that orders and chains the events) would fail the
+    reads deep inside, as a traceback, instead of here as one sentence."""
+    for table, columns in _shape().items():
+        found = {str(r[1]): r for r in conn.execute(f"PRAGMA table_info({table})")}
+        missing = [c for c in columns if c not in found]
+        if not found:
+            detail = f"has no table {table}"
+        elif missing:
+            detail = f"has a table {table} without its column {missing[0]}"
+        elif table == "events" and (found["seq"][5] != 1
+                                    or str(found["seq"][2]).upper() != "INTEGER"):
+            detail = "has a table events whose seq is not its INTEGER PRIMARY KEY"
+        else:
+            continue
+        raise StoreOpenError(
+            f"{path} {detail}, so it is not the agentrt schema its version says: another "
+            "program changed it; open a backup, or a copy agentrt made")
+
+
 def _stat(path: str, how: Callable[[str], os.stat_result]) -> os.stat_result:
     """``how(path)``, with a missing or unreadable path said in one sentence."""
     try:
@@ -376,7 +420,8 @@ def open_writer(path: str) -> tuple[apsw.Connection, apsw.Connection]:
         conns.append(connect(uri, write=True, create=True))
         conn = conns[0]
         refuse_unsafe_schema(conn, path)
-        refuse_newer(conn, path)
+        if refuse_newer(conn, path) == SCHEMA_VERSION:
+            refuse_foreign_shape(conn, path)  # before anything is written
         switch_to_wal(conn, path)
         migrate(conn, path)
         conns.append(connect(uri, write=True))
@@ -416,6 +461,7 @@ def open_reader(path: str, read_only: bool) -> tuple[apsw.Connection, apsw.Conne
             raise _not_agentrt(path, exc) from exc
         if version != SCHEMA_VERSION:
             raise _version_error(path, version)
+        refuse_foreign_shape(conns[0], path)
         if not read_only:
             conns.append(connect(sqlite_uri(path, params), write=True))
     return conns[0], (conns[1] if len(conns) > 1 else None)
