@@ -30,6 +30,7 @@ from _cli_kit import Kit, Result, invoke, make_runs_db, snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agentrt.render import CELL_BYTES
 from agentrt.store import open_store
 
 MB = 1024 * 1024
@@ -362,7 +363,8 @@ def test_one_oversized_cell_does_not_widen_every_row_of_the_runs_table(tmp_path,
         lengths = _line_lengths(result.stdout)
         assert len(lengths) == lines and max(lengths) <= 400, max(lengths)
         if column != "step_count" and lines == 201:
-            assert "S" * 60 + "…" in result.stdout  # the cut is marked
+            assert "S" * CELL_BYTES + "…" in result.stdout  # cut at the cell cap, marked
+            assert "S" * (CELL_BYTES + 1) not in result.stdout
 
 
 def test_one_oversized_cell_does_not_widen_every_row_of_the_steps_table(recorded, tmp_path):
@@ -376,6 +378,7 @@ def test_one_oversized_cell_does_not_widen_every_row_of_the_steps_table(recorded
     assert result.code == 0, result.stderr
     table = result.stdout[result.stdout.index("STEP  "):]
     assert max(_line_lengths(table)) <= 800, _line_lengths(table)
+    assert "t" * CELL_BYTES + "…" in table and "t" * (CELL_BYTES + 1) not in table
 
 
 @pytest.mark.parametrize("column", ["kind", "hash", "id"])
