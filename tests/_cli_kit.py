@@ -12,9 +12,11 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import apsw
 from click.testing import CliRunner
@@ -31,6 +33,16 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV_SCHEMA = b'{"type":"object","properties":{"env":{"enum":["staging","production"]}}}'
 PATH_SCHEMA = b'{"type":"object","properties":{"path":{"type":"string"}}}'
 LIMITS = Limits(max_steps=20, max_consecutive_tool_failures=3, loop_threshold=3)
+
+
+def local_times_in_utc(monkeypatch: Any) -> Iterator[None]:
+    """Local times print in UTC, so expected lines can be written out; used as an
+    autouse fixture by the operator command's tests."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
 
 
 def tools() -> list:

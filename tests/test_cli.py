@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 from dataclasses import dataclass, replace
 
 import apsw
 import pytest
-from _cli_kit import Kit, invoke, snapshot
+from _cli_kit import Kit, invoke, local_times_in_utc, snapshot
 
 from agentrt import cli as cli_module
 from agentrt.gojson import dumps
@@ -23,15 +22,7 @@ from agentrt.render import local_stamp
 from agentrt.store import open_store
 from agentrt.trace import aligned_line, jsonl_record
 
-
-@pytest.fixture(autouse=True)
-def utc(monkeypatch):
-    """Local times print in UTC, so expected lines can be written out."""
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
+utc = pytest.fixture(autouse=True)(local_times_in_utc)
 
 
 @dataclass

@@ -246,6 +246,22 @@ def test_refuses_a_wal_path_that_is_not_a_regular_file(tmp_path, kind):
 # -- triggers, views and the hardened connections ----------------------------------
 
 
+def edited_behind_the_store(tmp_path, sql: str) -> str:
+    """A new database edited by ``sql`` through a plain connection, left in
+    rollback-journal mode so that a switch to WAL would show in its bytes."""
+    path = new_db(tmp_path)
+    conn = raw(path)
+    conn.execute(sql)
+    conn.execute("PRAGMA journal_mode=DELETE")
+    conn.close()
+    return path
+
+
+def every_opener(path: str) -> list:
+    return [lambda: open_store(path), lambda: open_existing(path),
+            lambda: open_existing(path, read_only=False)]
+
+
 @pytest.mark.parametrize(
     ("kind", "sql"),
     [
@@ -254,15 +270,10 @@ def test_refuses_a_wal_path_that_is_not_a_regular_file(tmp_path, kind):
     ],
 )
 def test_refuses_triggers_and_views_with_both_openers(tmp_path, kind, sql):
-    path = new_db(tmp_path)
-    conn = raw(path)
-    conn.execute(sql)
-    conn.execute("PRAGMA journal_mode=DELETE")  # so a WAL switch would show in the bytes
-    conn.close()
+    path = edited_behind_the_store(tmp_path, sql)
     before = file_state(path)
     name = "t" if kind == "trigger" else "v"
-    for open_it in (lambda: open_store(path), lambda: open_existing(path),
-                    lambda: open_existing(path, read_only=False)):
+    for open_it in every_opener(path):
         with pytest.raises(UnsafeSchemaError) as info:
             open_it()
         assert str(info.value).startswith(
@@ -287,14 +298,9 @@ def test_refuses_triggers_and_views_with_both_openers(tmp_path, kind, sql):
 )
 def test_a_table_another_program_changed_is_refused_by_both_openers_in_one_sentence(
         tmp_path, sql, detail):
-    path = new_db(tmp_path)
-    conn = raw(path)
-    conn.execute(sql)
-    conn.execute("PRAGMA journal_mode=DELETE")  # so a WAL switch would show in the bytes
-    conn.close()
+    path = edited_behind_the_store(tmp_path, sql)
     before = file_state(path)
-    for open_it in (lambda: open_store(path), lambda: open_existing(path),
-                    lambda: open_existing(path, read_only=False)):
+    for open_it in every_opener(path):
         with pytest.raises(StoreOpenError) as info:
             open_it()
         assert str(info.value) == (
@@ -304,12 +310,10 @@ def test_a_table_another_program_changed_is_refused_by_both_openers_in_one_sente
 
 
 def test_a_consumers_own_tables_and_columns_are_not_a_foreign_shape(tmp_path):
-    path = new_db(tmp_path)
-    conn = raw(path)
-    conn.execute("CREATE TABLE mine (x); ALTER TABLE runs ADD COLUMN my_note TEXT")
-    conn.close()
-    open_store(path).close()
-    open_existing(path).close()
+    path = edited_behind_the_store(
+        tmp_path, "CREATE TABLE mine (x); ALTER TABLE runs ADD COLUMN my_note TEXT")
+    for open_it in every_opener(path):
+        open_it().close()
 
 
 def _pragmas(conn: apsw.Connection) -> dict[str, object]:
