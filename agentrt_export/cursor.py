@@ -29,10 +29,10 @@ _DATABASE_FILES = (("", "the database"), ("-wal", "the write-ahead log of the da
                    ("-shm", "the shared-memory index of the database"),
                    ("-journal", "the rollback journal of the database"))
 _DIGITS = re.compile(rb"[0-9]+")
-#: The extended attribute binding a cursor file to the database it follows: the
-#: chain hash of the event at the saved seq (see ``FileCursor.binding``).
+#: The extended attribute binding a cursor file to the database it follows:
+#: ``<seq>:<chain hash of the event at seq>`` (see ``FileCursor.binding``).
 BINDING_ATTRIBUTE = "user.agentrt.chain_hash"
-_HASH = re.compile(r"[0-9a-f]{64}")
+_BINDING = re.compile(r"([0-9]{1,19}):([0-9a-f]{64})")
 #: What a file system without user extended attributes (or a platform without
 #: them) answers: the cursor then goes unbound, as the reference's always is.
 _NO_XATTRS = {errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM, errno.EACCES,
@@ -194,12 +194,14 @@ class FileCursor:
                                     "name a file that holds only the cursor (it is created on "
                                     "the first save)")
 
-    def binding(self) -> str | None:
-        """The chain hash of the event at the saved seq, as saved with it by a
-        follower, or None (no file, a save without one, a file copied without
-        its extended attributes, a file system or platform without them, or a
-        cursor written by the reference). The file's content stays the
-        reference's ``42\n``: the hash is kept in an extended attribute."""
+    def binding(self, seq: int) -> str | None:
+        """The chain hash of the event at ``seq`` (the seq just loaded), as a
+        follower saved it with that seq, or None: no file, a save without one,
+        a seq written into the file by hand since (the attribute names the seq
+        it was saved with), a file copied without its extended attributes, a
+        file system or platform without them, or a cursor written by the
+        reference. The file's content stays the reference's ``42\n``: the hash
+        is kept in an extended attribute."""
         getxattr = getattr(os, "getxattr", None)
         if getxattr is None:
             return None
@@ -212,8 +214,10 @@ class FileCursor:
                 return None
             raise CursorError(self.path, f"load cursor: cannot read {self.path}: "
                                          f"{exc.strerror or exc}") from exc
-        text = value.decode("ascii", "replace")
-        return text if _HASH.fullmatch(text) else None
+        found = _BINDING.fullmatch(value.decode("ascii", "replace"))
+        if found is None or int(found.group(1)) != seq:
+            return None
+        return found.group(2)
 
     def save(self, seq: int, binding: str | None = None) -> None:
         """Replace the saved seq with ``seq``, atomically and durably; a seq that
@@ -235,7 +239,7 @@ class FileCursor:
                     data = data[os.write(fd, data) :]
                 os.fchmod(fd, 0o600)  # mkstemp's 0600 may have lost bits to the umask
                 if binding:
-                    _bind(fd, binding)
+                    _bind(fd, f"{seq}:{binding}")
                 os.fsync(fd)
             finally:
                 os.close(fd)

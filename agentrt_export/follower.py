@@ -178,7 +178,7 @@ class Follower:
         restored backup of the same database has the same events up to there.)"""
         if not isinstance(self.cursor, FileCursor):
             return
-        bound = self.cursor.binding()
+        bound = self.cursor.binding(seq)
         if bound is None or bound == self.store.event_hash(seq):
             return
         path = self.cursor.path

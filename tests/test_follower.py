@@ -475,9 +475,10 @@ def test_a_file_cursor_keeps_the_chain_hash_of_its_seq_and_a_bare_save_drops_it(
     make_db(db_path, runs=2, events_per_run=5).close()
     cursor = bound_cursor(db_path, tmp_path / "cursor")
     assert (tmp_path / "cursor").read_bytes() == b"10\n"  # the reference's format, unchanged
-    assert cursor.binding() == open_existing(db_path).event_hash(10)
+    assert cursor.binding(10) == open_existing(db_path).event_hash(10)
+    assert cursor.binding(9) is None  # bound to the seq it was saved with
     cursor.save(10)
-    assert cursor.binding() is None
+    assert cursor.binding(10) is None
 
 
 def test_a_file_cursor_saved_on_another_database_is_refused_before_anything_is_delivered(
@@ -548,3 +549,14 @@ def test_an_async_sink_is_refused_before_the_cursor_could_pass_events_it_never_h
                                           r"synchronously"):
         Follower(open_existing(db_path), cursor=cursor, once=True).follow(sink)
     assert not (tmp_path / "cursor").exists()
+
+
+def test_a_seq_written_into_a_bound_cursor_file_by_hand_is_taken(db_path, tmp_path):
+    # Writing in place keeps the file (and its extended attribute): the binding
+    # names the seq it was saved with, so the hand-written one is unbound.
+    make_db(db_path, runs=2, events_per_run=5).close()
+    cursor = bound_cursor(db_path, tmp_path / "cursor")
+    with open(cursor.path, "r+") as f:
+        f.write(" 4\n")
+    got = collect(Follower(open_existing(db_path), cursor=cursor, once=True))
+    assert [e.seq for e in got] == [5, 6, 7, 8, 9, 10]
