@@ -14,7 +14,15 @@ from collections.abc import Sequence
 
 import apsw
 import pytest
-from _cli_kit import HUGE_GOAL_CHARS, Kit, child_env, make_runs_db, run_child, snapshot
+from _cli_kit import (
+    HUGE_GOAL_CHARS,
+    REPO_ROOT,
+    Kit,
+    child_env,
+    make_runs_db,
+    run_child,
+    snapshot,
+)
 from store_helpers import fill_up, tmpfs_mount, without_file_privileges
 
 from agentrt.gojson import dumps
@@ -534,3 +542,35 @@ def test_a_decision_on_a_full_disk_is_one_sentence_and_changes_nothing(tmp_path,
         with open_existing(kit.path) as store:
             assert store.get_run(waiting.id).status == "WAITING_FOR_APPROVAL"
             assert store.verify_events().intact
+
+
+def test_operators_racing_on_one_approval_from_separate_processes_decide_it_once(ops):
+    # Each process has its own connection, so only SQLite's write lock and the
+    # decision's compare-and-set stand between them (threads share a lock).
+    verbs = ["approve", "reject"] * 3
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "agentrt.cli", "--db", ops["db"], verb, ops["waiting"],
+         "--approval", ops["approval"], "--yes", "--by", f"op{k}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env(), cwd=REPO_ROOT)
+        for k, verb in enumerate(verbs)]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=60)
+        results.append((proc.returncode, out, err))
+    assert b"Traceback" not in b"".join(err for _, _, err in results)
+    winners = [k for k, (code, _, _) in enumerate(results) if code == 0]
+    assert len(winners) == 1, results
+    for k, (code, _, err) in enumerate(results):
+        if k not in winners:
+            assert code == 1 and err.startswith(b"error: ") and err.count(b"\n") == 1, err
+    with open_existing(ops["db"]) as store:
+        events = store.list_events(ops["waiting"])
+        decided = [json.loads(e.payload) for e in events if e.type == "approval.decided"]
+        assert len(decided) == 1 and decided[0]["by"] == f"op{winners[0]}"
+        run = store.get_run(ops["waiting"])
+        if verbs[winners[0]] == "reject":
+            assert (run.status, run.reason) == ("CANCELLED", "approval_rejected")
+        else:
+            assert run.status == "WAITING_FOR_APPROVAL"
+        assert [e.type for e in events].count("run.finished") <= 1
+        assert store.verify_events().broken is None
