@@ -193,7 +193,8 @@ class Follower:
         """Save the cursor; a file cursor also keeps the chain hash at ``seq``,
         which binds it to this database (checked on the next start)."""
         cursor = self.cursor
-        if isinstance(cursor, FileCursor):
+        # A subclass's own save(seq) keeps the Cursor protocol and goes unbound.
+        if isinstance(cursor, FileCursor) and type(cursor).save is FileCursor.save:
             cursor.save(seq, self.store.event_hash(seq))
         else:
             cursor.save(seq)

@@ -560,3 +560,18 @@ def test_a_seq_written_into_a_bound_cursor_file_by_hand_is_taken(db_path, tmp_pa
         f.write(" 4\n")
     got = collect(Follower(open_existing(db_path), cursor=cursor, once=True))
     assert [e.seq for e in got] == [5, 6, 7, 8, 9, 10]
+
+
+def test_a_file_cursor_subclass_with_its_own_save_keeps_the_cursor_protocol(db_path, tmp_path):
+    saved: list[int] = []
+
+    class Noting(FileCursor):
+        def save(self, seq):  # the Cursor protocol's save(seq), as before bindings
+            saved.append(seq)
+            super().save(seq)
+
+    make_db(db_path, runs=1, events_per_run=3).close()
+    cursor = Noting(tmp_path / "cursor")
+    got = collect(Follower(open_existing(db_path), cursor=cursor, once=True))
+    assert [e.seq for e in got] == [1, 2, 3] and saved == [3]
+    assert cursor.binding(3) is None  # unbound, and taken as such on the next start
