@@ -6,7 +6,7 @@ the thread holds the event's internal lock, and a handler calling
 ``stop.set()`` waits forever for a lock its own thread holds. So the handler
 here does nothing: the C-level handler writes the signal's number to a socket
 (``signal.set_wakeup_fd``) the moment it lands, and a daemon thread reading
-that socket sets the event, as any other thread may.
+that socket sets the events, as any other thread may.
 """
 
 from __future__ import annotations
@@ -20,33 +20,43 @@ __all__ = ["stop_on_signals"]
 
 DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
+_lock = threading.Lock()
+#: Each call's signals and the event they set; one reader serves them all.
+_watched: list[tuple[frozenset[int], threading.Event]] = []
+_reader: threading.Thread | None = None
+
 
 def stop_on_signals(stop: threading.Event,
                     signals: Iterable[signal.Signals] = DEFAULT_SIGNALS) -> None:
     """Make each of ``signals`` set ``stop`` instead of ending the process.
 
-    Call it from the main thread (Python installs handlers only there), once
-    per process: it takes over ``signal.set_wakeup_fd``.
+    Call it from the main thread (Python installs handlers only there). Calls
+    add up: each event is set by its own signals, through one socket and one
+    thread. It takes over ``signal.set_wakeup_fd``.
     """
+    global _reader
     if threading.current_thread() is not threading.main_thread():
         raise ValueError("stop_on_signals() must be called from the main thread, the only "
                          "one Python lets install signal handlers")
-    wanted = {int(s) for s in signals}
-    receiver, sender = socket.socketpair()
-    sender.setblocking(False)
-    signal.set_wakeup_fd(sender.fileno(), warn_on_full_buffer=False)
+    wanted = frozenset(int(s) for s in signals)
+    with _lock:
+        _watched.append((wanted, stop))
+        if _reader is None:
+            receiver, sender = socket.socketpair()
+            sender.setblocking(False)
+            signal.set_wakeup_fd(sender.fileno(), warn_on_full_buffer=False)
+            _reader = threading.Thread(target=_set_on_signal, args=(receiver, sender),
+                                       name="agentrt-export signals", daemon=True)
+            _reader.start()
     for number in wanted:
         signal.signal(number, _handled_by_the_thread)
-    threading.Thread(target=_set_on_signal, args=(receiver, sender, wanted, stop),
-                     name="agentrt-export signals", daemon=True).start()
 
 
 def _handled_by_the_thread(signum: int, frame: object) -> None:
     """Replaces the default action (terminate); ``_set_on_signal`` does the work."""
 
 
-def _set_on_signal(receiver: socket.socket, sender: socket.socket, wanted: set[int],
-                   stop: threading.Event) -> None:
+def _set_on_signal(receiver: socket.socket, sender: socket.socket) -> None:
     # ``sender`` is kept referenced here: the wakeup fd must stay open.
     while True:
         try:
@@ -55,5 +65,8 @@ def _set_on_signal(receiver: socket.socket, sender: socket.socket, wanted: set[i
             return
         if not numbers:
             return
-        if wanted.intersection(numbers):
-            stop.set()
+        with _lock:
+            watched = list(_watched)
+        for wanted, stop in watched:
+            if wanted.intersection(numbers):
+                stop.set()

@@ -126,3 +126,25 @@ def test_stop_on_signals_stops_the_documented_program_at_any_moment(tmp_path):
     polling = POLLING_CHILD.replace("cli.main(sys.argv[1:])\n", "")
     run_rounds(tmp_path, ["-c", polling + documented_program()], rounds(10, 100),
                ["polling (forced)"])
+
+
+TWO_CALLS = """
+import os, signal, threading
+from agentrt_export import stop_on_signals
+
+first, second = threading.Event(), threading.Event()
+stop_on_signals(first)
+stop_on_signals(second, [signal.SIGUSR1])
+os.kill(os.getpid(), signal.SIGTERM)
+assert first.wait(10) and not second.is_set()
+os.kill(os.getpid(), signal.SIGUSR1)
+assert second.wait(10)
+readers = [t for t in threading.enumerate() if t.name == "agentrt-export signals"]
+print(len(readers))
+"""
+
+
+def test_stop_on_signals_calls_add_up_on_one_reader_thread():
+    done = subprocess.run([sys.executable, "-c", TWO_CALLS], capture_output=True,
+                          env=child_env(), cwd=REPO_ROOT, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"1\n", b"")
