@@ -28,6 +28,7 @@ from agentrt.records import (
 from agentrt.timefmt import format_time
 
 __all__ = [
+    "SCENARIOS",
     "EventStream",
     "StreamSource",
     "scenario_cancelled",
@@ -357,3 +358,8 @@ def scenario_failed(s: EventStream) -> None:
     s.step_started("f0", 0)
     s.step_decided("f0", Decision.fail("no " * 1000))
     s.run_finished("FAILED", "goal_failed", "no " * 1000, steps=1)
+
+
+#: Every scenario above, for tests that run them all.
+SCENARIOS = (scenario_completed, scenario_paused, scenario_crash_takeover, scenario_cancelled,
+             scenario_model_retry, scenario_limit, scenario_loop, scenario_failed)

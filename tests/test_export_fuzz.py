@@ -53,18 +53,7 @@ from agentrt_otel import _fields as fields
 from agentrt_otel._fields import MAX_TIME_NS
 from agentrt_otel.config import build_resource, resource_attributes
 from agentrt_otel.spans import to_readable_spans
-from agentrt_otel.testing import (
-    EventStream,
-    StreamSource,
-    scenario_cancelled,
-    scenario_completed,
-    scenario_crash_takeover,
-    scenario_failed,
-    scenario_limit,
-    scenario_loop,
-    scenario_model_retry,
-    scenario_paused,
-)
+from agentrt_otel.testing import SCENARIOS, EventStream, StreamSource
 
 #: `make stress` runs these with many more examples (see FUZZ).
 pytestmark = pytest.mark.slow
@@ -417,8 +406,6 @@ def _as_read(events: list[Event]) -> list[Event]:
     return [e._replace(type=str(e.type)) for e in events]
 
 
-SCENARIOS = [scenario_completed, scenario_paused, scenario_crash_takeover, scenario_cancelled,
-             scenario_model_retry, scenario_limit, scenario_loop, scenario_failed]
 SCENARIO_STREAMS = _scenario_streams()
 
 

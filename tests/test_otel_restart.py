@@ -24,21 +24,18 @@ from agentrt.timefmt import to_unix_nanos
 from agentrt_otel import SpanMapper, SpanRecord, span_id
 from agentrt_otel._restart import REPLAY_PAGE
 from agentrt_otel.testing import (
+    SCENARIOS,
     EventStream,
     StreamSource,
     scenario_cancelled,
     scenario_completed,
     scenario_crash_takeover,
-    scenario_failed,
     scenario_limit,
-    scenario_loop,
     scenario_model_retry,
     scenario_paused,
 )
 
 Scenario = Callable[[EventStream], None]
-ALL = [scenario_completed, scenario_paused, scenario_crash_takeover, scenario_cancelled,
-       scenario_model_retry, scenario_limit, scenario_loop, scenario_failed]
 
 
 def written(scenario: Scenario) -> EventStream:
@@ -53,7 +50,7 @@ def split(s: EventStream, k: int) -> list[SpanRecord]:
 
 # -- exact equality -----------------------------------------------------------
 
-@pytest.mark.parametrize("scenario", ALL, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda f: f.__name__)
 def test_a_restart_after_any_event_gives_exactly_the_one_pass_spans(scenario: Scenario) -> None:
     s = written(scenario)
     whole = one_pass(s.events)
@@ -63,7 +60,7 @@ def test_a_restart_after_any_event_gives_exactly_the_one_pass_spans(scenario: Sc
         assert not [sp for sp in spans if "agentrt.span.start_unknown" in sp.attributes]
 
 
-@pytest.mark.parametrize("scenario", ALL, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda f: f.__name__)
 def test_a_restart_after_every_event_gives_exactly_the_one_pass_spans(
         scenario: Scenario) -> None:
     s = written(scenario)
@@ -201,7 +198,7 @@ def test_a_replay_keeps_the_spans_it_ends_of_other_runs() -> None:
 
 
 def test_without_a_store_missed_starts_are_flagged_start_unknown() -> None:
-    for scenario in ALL:
+    for scenario in SCENARIOS:
         s = written(scenario)
         skipped = [e for e in s.events
                    if e.type not in ("run.created", "step.started", "approval.requested")]
