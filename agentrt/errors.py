@@ -28,6 +28,7 @@ __all__ = [
     "UnsafeSchemaError",
     "described",
     "exception_text",
+    "raised_text",
 ]
 
 
@@ -45,6 +46,11 @@ def exception_text(exc: BaseException) -> str:
     except Exception:  # noqa: BLE001 - a __str__ that fails says nothing usable
         text = ""
     return text if isinstance(text, str) and text else type(exc).__name__
+
+
+def raised_text(what: str, exc: BaseException) -> str:
+    """``<what> raised <Type>: <text>``: how a failing call of consumer code is said."""
+    return f"{what} raised {type(exc).__name__}: {exception_text(exc)}"
 
 
 def described(value: object) -> str:

@@ -46,7 +46,7 @@ from agentrt.driver.policy import IdentifiedPolicy, Policy
 from agentrt.driver.recovery import Reconcile, recover
 from agentrt.driver.session import ACTIVE, WAITING, Session
 from agentrt.driver.tools import Tool, register_tools
-from agentrt.errors import EncodeError, RunLeasedError, RunStateError, described, exception_text
+from agentrt.errors import EncodeError, RunLeasedError, RunStateError, described, raised_text
 from agentrt.events import EventType, Observer
 from agentrt.gojson import Raw, dumps, sorted_map
 from agentrt.records import (
@@ -356,7 +356,7 @@ def _answer(fn: Callable[[], Any], what: str) -> Any:
     try:
         return fn()
     except Exception as exc:  # noqa: BLE001 - consumer code; said in one sentence
-        raise ConfigError(f"{what} raised {type(exc).__name__}: {exception_text(exc)}") from exc
+        raise ConfigError(raised_text(what, exc)) from exc
 
 
 def _aware(now: Callable[[], datetime]) -> Callable[[], datetime]:

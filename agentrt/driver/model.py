@@ -45,6 +45,7 @@ from agentrt.errors import (
     SessionClosedError,
     described,
     exception_text,
+    raised_text,
 )
 from agentrt.events import EventType, Observer
 from agentrt.gojson import dumps, sorted_map
@@ -288,8 +289,7 @@ def _model_name(model: Model) -> str:
     try:
         name = model.name()
     except Exception as exc:  # noqa: BLE001 - consumer code; said in the record
-        raise ModelUnavailableError(
-            0, f"the model's name() raised {type(exc).__name__}: {exception_text(exc)}") from exc
+        raise ModelUnavailableError(0, raised_text("the model's name()", exc)) from exc
     if not isinstance(name, str):
         raise ModelUnavailableError(0, f"the model's name() returned {described(name)}, not a str")
     return name
@@ -345,7 +345,6 @@ class ModelCaller:
         limited within its step. An attempt already dispatched still records."""
         with self._lock:
             self._closed = True
-
 
     def generate(self, request: ModelRequest) -> ModelResponse:
         """Call the model, retrying what is worth retrying.
@@ -432,10 +431,8 @@ class ModelCaller:
 
     def _release(self, reservation: _Reservation) -> None:
         with self._lock:
-            for i, held in enumerate(self._inflight):
-                if held is reservation:
-                    del self._inflight[i]
-                    return
+            if reservation in self._inflight:  # by identity (eq=False): once
+                self._inflight.remove(reservation)
 
     def _retry_wait(self, attempt: int, outcome: _Attempt) -> timedelta | None:
         """The wait before the next attempt, or None when it cannot usefully be waited."""

@@ -28,7 +28,7 @@ from agentrt.canonical import check_json
 from agentrt.driver.cancel import CancelToken
 from agentrt.driver.checks import check_callable, check_method, check_text, wait_duration
 from agentrt.driver.errors import ConfigError
-from agentrt.errors import described, exception_text
+from agentrt.errors import described, raised_text
 from agentrt.records import SideEffect, ToolSpec
 
 __all__ = [
@@ -309,7 +309,7 @@ class RegisteredTool:
         try:
             spec = self.tool.spec()
         except Exception as exc:  # noqa: BLE001 - consumer code; said in the record
-            raise ValueError(f"spec() raised {type(exc).__name__}: {exception_text(exc)}") from exc
+            raise ValueError(raised_text("spec()", exc)) from exc
         if not isinstance(spec, ToolSpec):
             raise ValueError(f"spec() returned {described(spec)}, not a ToolSpec")
         key = (spec.name, spec.description, spec.input_schema, spec.side_effect,
