@@ -26,7 +26,7 @@ import click
 
 from agentrt import view
 from agentrt.clitools import OUTPUT_CLOSED, run_click, schema_sentence, silence_stdout
-from agentrt.errors import AgentrtError, ApprovalChangedError, NotFoundError, SchemaVersionError
+from agentrt.errors import AgentrtError, ApprovalChangedError, SchemaVersionError
 from agentrt.events import Observer
 from agentrt.gojson import dumps, encode_string
 from agentrt.records import Approval, ApprovalStatus, RunStatus
@@ -400,10 +400,7 @@ def runs(limit: int, offset: int, db: str | None, as_json: bool) -> None:
 
 
 def _reason(store: Store, a: Approval) -> str:
-    try:
-        return store.approval_reason(a.run_id, a.id)
-    except NotFoundError:
-        return ""
+    return store.approval_reasons(a.run_id, [a.id]).get(a.id, "")
 
 
 @cli.command()
@@ -442,17 +439,19 @@ def show(run_id: str, limit: int, offset: int, db: str | None, as_json: bool) ->
             out.line(line)
         pending: Pages[Approval] | None = None
         if page.waiting is not None:
-            blocks: Iterable[Approval] = [page.waiting]
+            blocks: Iterable[list[Approval]] = [[page.waiting]]
         else:
             pending = Pages(
                 lambda n, at: store.list_approvals_page(
                     run_id, ApprovalStatus.PENDING.value, n, at),
                 limit, offset, first=(page.pending, page.pending_total))
-            blocks = pending
-        for a in blocks:
-            out.line()
-            for line in approval_block(a, reason=_reason(store, a), db_path=s.db):
-                out.line(line)
+            blocks = pending.pages()
+        for shown in blocks:
+            reasons = store.approval_reasons(run_id, [a.id for a in shown])
+            for a in shown:
+                out.line()
+                for line in approval_block(a, reason=reasons.get(a.id, ""), db_path=s.db):
+                    out.line(line)
         if pending is not None:
             _trail(out, "pending approval", pending)
         out.line()

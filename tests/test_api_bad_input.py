@@ -251,6 +251,7 @@ CLOSED_CALLS: list[tuple[str, Callable[[Store], object]]] = [
     ("list_events_after", lambda s: s.list_events_after("", 0, 10)),
     ("pending_approval_ids_of", lambda s: s.pending_approval_ids_of(["r"], 5)),
     ("approval_reason", lambda s: s.approval_reason("r", "a")),
+    ("approval_reasons", lambda s: s.approval_reasons("r", ["a"])),
     ("tool_spec", lambda s: s.tool_spec("h")),
     ("lease", lambda s: s.lease("r")),
     ("chain_head", lambda s: s.chain_head()),
@@ -295,6 +296,13 @@ def test_a_lone_surrogate_id_is_looked_up_as_stored(store: Store) -> None:
     assert store.list_events_after("\ud800", 0, 10) == []
     _add_run(store, "x\ufffd")
     assert store.get_run("x\ud800").id == "x\ufffd"
+    with store.tx() as tx:
+        tx.execute("INSERT INTO approvals (id, run_id, step_id, kind, capability_json, "
+                   "presentation_json, request_json, hash, status, created_at) VALUES "
+                   "('a\ufffd', 'x\ufffd', 's', 'destructive', '{}', '{}', '{}', 'h', "
+                   "'pending', '2026-10-01T09:00:00Z')")
+    assert store.approval_reasons("x\ud800", ["a\udc00"]) == {"a\udc00": ""}
+    assert store.approval_reason("x\ud800", "a\udc00") == ""
     assert len(store.list_events_after("x\ud800", 0, 10)) == 2
 
 

@@ -238,16 +238,23 @@ def test_show_limit_and_offset_page_steps(ops, monkeypatch):
     assert [s["index"] for s in every["steps"]] == [0, 1, 2] and "steps_truncated" not in every
 
 
-def test_show_lists_several_pending_approvals_each_in_its_block(ops):
+def test_show_lists_several_pending_approvals_each_in_its_block(ops, monkeypatch):
+    step = ops.kit.store.get_approval(ops.waiting, ops.approval).step_id
     with ops.kit.store.tx() as tx:
         tx.execute("INSERT INTO approvals (id, run_id, step_id, kind, capability_json, "
                    "presentation_json, request_json, hash, status, created_at) "
                    "SELECT 'second', run_id, step_id, kind, capability_json, presentation_json, "
                    "request_json, hash, status, created_at FROM approvals WHERE id = ?",
                    (ops.approval,))
+        tx.append(ops.waiting, step, ops.kit.store.get_run(ops.waiting).created_at,
+                  "approval.requested", {"approval_id": "second", "reason": "asked again"})
+    monkeypatch.setattr(cli_module, "PAGE_SIZE", 1)  # one approval a page: reasons per page
     out = run(ops, "show", ops.waiting).stdout
     assert out.count("APPROVAL WAITING") == 2 and "APPROVAL WAITING  second" in out
     assert "--approval second" in out
+    first, second = out.split("APPROVAL WAITING")[1:]
+    assert "reason  side effect remote_mutation is require_approval by policy" in first
+    assert "reason  asked again\n" in second
     doc = json.loads(run(ops, "show", ops.waiting, "--json").stdout)
     assert "waiting_approval" not in doc and "pending_approval_id" not in doc["run"]
 

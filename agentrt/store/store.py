@@ -64,7 +64,10 @@ __all__ = ["ReadOnlyStoreError", "Store", "StoreClosedError", "open_existing", "
 _PENDING_COLUMNS = Columns.of([("a.run_id", TEXT), ("a.id", TEXT)])
 _LEASE_COLUMNS = Columns.of([(capped_text("lease_owner"), TEXT),
                              ("ifnull(CAST(substr(lease_expires_at, 1, 64) AS TEXT), '')", TEXT)])
-_REASON_COLUMNS = Columns.of([(capped_text("reason"), TEXT)])
+_APPROVAL_ID_COLUMNS = Columns.of([("a.id", TEXT)])
+_REASONS_COLUMNS = Columns.of([("id", TEXT), (capped_text("reason"), TEXT)])
+#: Approval ids asked for in one query of :meth:`Store.approval_reasons`.
+REASONS_AT_ONCE = 500
 _HASH_COLUMNS = Columns.of(
     [("seq", OTHER), (f"ifnull(CAST(substr(hash, 1, {chainread.STORED_HASH_CAP}) AS TEXT), '')",
                       TEXT)]
@@ -390,23 +393,64 @@ class Store:
         like a page read's text; '' when there is no such event; NotFoundError
         when the run has no such approval.
         """
-        with self._lock:  # one lock for both reads (reentrant: _one and _rows take it too)
-            row = self._one(
-                "SELECT CAST(step_id AS BLOB) FROM approvals WHERE id = ? AND run_id = ?",
-                (approval_id, run_id))
-            if row is None:
-                raise _not_found(f"approval {approval_id} of run {run_id}", run_id=run_id,
-                                 approval_id=approval_id)
-            found = self._rows(
-                _REASON_COLUMNS,
-                "FROM (SELECT json_extract(CAST(payload_json AS TEXT), '$.reason') AS reason "
-                "FROM events WHERE run_id = ? AND CAST(step_id AS BLOB) = ? AND type = ? "
-                "AND json_valid(CAST(payload_json AS TEXT)) "
-                "AND json_extract(CAST(payload_json AS TEXT), '$.approval_id') = ? "
-                "ORDER BY seq LIMIT 1)",
-                (run_id, row[0], EventType.APPROVAL_REQUESTED.value, approval_id),
-            )
-        return str(found[0][0]) if found else ""
+        reasons = self.approval_reasons(run_id, [approval_id])
+        if approval_id not in reasons:
+            raise _not_found(f"approval {approval_id} of run {run_id}", run_id=run_id,
+                             approval_id=approval_id)
+        return reasons[approval_id]
+
+    def approval_reasons(self, run_id: str, approval_ids: Sequence[str]) -> dict[str, str]:
+        """:meth:`approval_reason` of many approvals of one run, keyed by the ids given.
+
+        Ids the run has no approval of are left out. The run's events are read
+        once per ``REASONS_AT_ONCE`` ids, not once per approval: an operator's
+        listing of a run's pending approvals would otherwise scan them for each.
+        """
+        if isinstance(approval_ids, str):
+            raise TypeError(f"agentrt: approval_ids is {described(approval_ids)}, one id, "
+                            "not a sequence of approval ids: pass a list, such as [approval_id]")
+        for value, name in ((run_id, "run_id"), *((i, "approval_id") for i in approval_ids)):
+            if not isinstance(value, str):
+                raise TypeError(f"agentrt: {name} is {described(value)}, not a str")
+        wanted = list(dict.fromkeys(approval_ids))
+        found: dict[str, str] = {}
+        with self._lock:  # one lock for every read (reentrant: _rows takes it too)
+            for at in range(0, len(wanted), REASONS_AT_ONCE):
+                found.update(self._reasons_of(run_id, wanted[at:at + REASONS_AT_ONCE]))
+        # Stored ids hold U+FFFD where a caller's may hold a lone surrogate.
+        return {i: found[stored] for i in wanted
+                if (stored := replace_lone_surrogates(i)) in found}
+
+    def _reasons_of(self, run_id: str, approval_ids: list[str]) -> dict[str, str]:
+        marks = ", ".join("?" for _ in approval_ids)
+        approvals = f"a.run_id = ? AND a.id IN ({marks})"
+        reasons: dict[str, str] = {
+            str(i): "" for (i,) in self._rows(
+                _APPROVAL_ID_COLUMNS, f"FROM approvals a WHERE {approvals}",
+                (run_id, *approval_ids))}
+        if not reasons:
+            return reasons
+        # The run's events are the outer loop (CROSS JOIN keeps that order), read
+        # once through events_run in seq order; each request finds its approval
+        # by primary key. The approval id must be a JSON string equal to the id.
+        payload = "CAST(e.payload_json AS TEXT)"
+        rows = self._rows(
+            _REASONS_COLUMNS,
+            f"FROM (SELECT a.id AS id, json_extract({payload}, '$.reason') AS reason "
+            "FROM events e CROSS JOIN approvals a "
+            f"ON a.id = json_extract({payload}, '$.approval_id') "
+            "AND CAST(a.step_id AS BLOB) = CAST(e.step_id AS BLOB) "
+            f"WHERE e.run_id = ? AND e.type = ? AND json_valid({payload}) "
+            f"AND json_type({payload}, '$.approval_id') = 'text' AND {approvals} "
+            "ORDER BY e.seq)",
+            (run_id, EventType.APPROVAL_REQUESTED.value, run_id, *approval_ids),
+        )
+        first: set[str] = set()
+        for approval_id, reason in rows:
+            if approval_id not in first:
+                first.add(approval_id)
+                reasons[approval_id] = str(reason)
+        return reasons
 
     def data_version(self) -> int:
         """Changes whenever a commit lands, from any connection (this one included):
