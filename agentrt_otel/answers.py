@@ -15,6 +15,8 @@
   one while every span was lost. OTLP's answer is an
   ``ExportTraceServiceResponse`` (protobuf, or JSON); any other body is a
   failure, retried like any other until the endpoint is corrected.
+- **A refusal, or no HTTP/1.1 answer.** Said with its status, or in one
+  sentence naming what answered instead (see :func:`checked_http_session`).
 """
 
 from __future__ import annotations
@@ -25,10 +27,17 @@ from typing import Any
 
 from opentelemetry.sdk.trace.export import SpanExporter
 
+from agentrt_otel.complaints import ATTEMPTS_LOGGER
+
 __all__ = ["NotOTLPAnswer", "RedirectRefused", "checked_grpc_exporter", "checked_http_session",
            "say_rejected"]
 
 _log = logging.getLogger("agentrt_otel")
+#: Each failed attempt's cause, heard by ExporterComplaints while installed
+#: and by no one else (the SDK logs its own lines for other listeners).
+_attempts = logging.getLogger(ATTEMPTS_LOGGER)
+_attempts.propagate = False
+_attempts.addHandler(logging.NullHandler())
 
 #: Told (spans rejected, the collector's message) for each answer that rejected some.
 OnRejected = Callable[[int, str], None]
@@ -76,8 +85,20 @@ def _told(answer: Any, on_rejected: OnRejected) -> None:
 
 
 def checked_http_session(on_rejected: OnRejected = say_rejected) -> Any:
-    """A ``requests.Session`` for the SDK's HTTP exporter whose answers are checked."""
+    """A ``requests.Session`` for the SDK's HTTP exporter whose answers are checked.
+
+    A refusal's reason is given its status (``HTTP 503 Service Unavailable``):
+    the SDK logs the bare reason of a status it retries (``Service
+    Unavailable``), and nothing at all for an empty one. Each failed attempt's
+    cause is also said on :data:`~agentrt_otel.complaints.ATTEMPTS_LOGGER`,
+    as the SDK says none when it gives up before a retry. A request that met
+    something other than an HTTP/1.1 collector (a gRPC port, a TLS mismatch)
+    fails with one sentence saying so (:mod:`agentrt_otel.http_failures`), as
+    an exception of the class ``requests`` raised, which the SDK retries alike.
+    """
     import requests
+
+    from agentrt_otel.http_failures import sentence
 
     def check(response: Any, *args: object, **kwargs: object) -> None:
         status = response.status_code
@@ -88,8 +109,24 @@ def checked_http_session(on_rejected: OnRejected = say_rejected) -> Any:
                 "endpoint (the exporter does not follow redirects)")
         if 200 <= status < 300 and response.content:
             _partial_success(response, on_rejected)
+        if status >= 400:
+            response.reason = f"HTTP {status} {response.reason or ''}".rstrip()
+            _attempts.warning("%s", response.reason)
 
-    session = requests.Session()
+    class CheckedSession(requests.Session):
+        def send(self, request: Any, **kwargs: Any) -> Any:
+            try:
+                return super().send(request, **kwargs)
+            except requests.exceptions.Timeout:
+                raise  # "no answer within the export timeout" says it
+            except requests.exceptions.ConnectionError as err:
+                said = sentence(err)
+                _attempts.warning("%s", said or err)
+                if said is None:
+                    raise
+                raise type(err)(said, request=request) from err
+
+    session = CheckedSession()
     session.hooks["response"].append(check)
     return session
 

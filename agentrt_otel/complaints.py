@@ -18,10 +18,16 @@ from __future__ import annotations
 import logging
 import re
 
-__all__ = ["SDK_EXPORTER_LOGGER", "ExporterComplaints", "gist", "says_too_large"]
+__all__ = ["ATTEMPTS_LOGGER", "SDK_EXPORTER_LOGGER", "ExporterComplaints", "gist",
+           "says_too_large"]
 
 #: The parent of the SDK's OTLP exporter loggers (gRPC and HTTP).
 SDK_EXPORTER_LOGGER = "opentelemetry.exporter.otlp"
+#: Where the checked HTTP session (:mod:`agentrt_otel.answers`) says why each
+#: attempt failed: the SDK says nothing but "due to timeout, max retries or
+#: shutdown" when it gives up before a retry whose wait (its backoff, or a
+#: ``Retry-After``) is longer than what is left of the export timeout.
+ATTEMPTS_LOGGER = "agentrt_otel.attempts"
 
 #: Lines that follow a cause without naming one; they do not replace it.
 _NO_CAUSE = ("due to timeout, max retries or shutdown", "Shutdown in progress")
@@ -33,6 +39,10 @@ _SSL_REASON = re.compile(r"SSL routines:[^:]*:([A-Z_]+)")
 _HTTP_FAILED = re.compile(r"batch code: (\d+|None), reason: (.*)")
 _HTTP_TRANSIENT = re.compile(r"^Transient error (.*) encountered while exporting")
 _NO_ANSWER = "due to timeout, max retries or shutdown"
+_NO_ANSWER_SAID = "no answer within the export timeout (OTEL_EXPORTER_OTLP_TIMEOUT)"
+#: gRPC's words for an endpoint that answered something other than HTTP/2
+#: (grpc-core: an HTTP/1.x status line, or any first frame but SETTINGS).
+_HTTP1_SERVER = re.compile(r"http1\.x server|Expected SETTINGS frame as the first frame")
 _MAX = 200
 #: A collector refusing a request for its size: HTTP 413 (the HTTP exporter's
 #: "batch code: 413"), gRPC's "Received message larger than max" (grpcio and
@@ -58,17 +68,26 @@ def gist(message: str) -> str:
             why = f" ({ssl.group(1).lower().replace('_', ' ')})" if ssl else ""
             return (f"{code}: TLS handshake failed{why}: a plain-text collector needs "
                     "--insecure, a TLS one a certificate this host trusts")[:_MAX]
-        return f"{code}: {details.rsplit(': ', 1)[-1]}"[:_MAX]
+        if _HTTP1_SERVER.search(details):
+            return (f"{code}: the endpoint did not answer in HTTP/2, as gRPC does: if it is "
+                    "an OTLP/HTTP port (a collector's is usually 4318), use --protocol "
+                    "http/protobuf")[:_MAX]
+        cause = details.rsplit(": ", 1)[-1]
+        if cause == "Deadline Exceeded":
+            return f"{code}: {_NO_ANSWER_SAID}"
+        return (f"{code}: {cause}" if cause not in ("", "None") else code)[:_MAX]
     first = message.strip().splitlines()[0] if message.strip() else ""
     found = _HTTP_FAILED.search(first)
     if found:
         code, reason = found.groups()
-        return (reason if code == "None" else f"HTTP {code} {reason}")[:_MAX]
+        said = reason if code == "None" or reason.startswith(f"HTTP {code}") else (
+            f"HTTP {code} {reason}")
+        return said[:_MAX]
     found = _HTTP_TRANSIENT.search(first)
     if found:
         return found.group(1)[:_MAX]
     if _NO_ANSWER in first:
-        return "no answer within the export timeout (OTEL_EXPORTER_OTLP_TIMEOUT)"
+        return _NO_ANSWER_SAID
     return first[:_MAX]
 
 
@@ -118,7 +137,8 @@ class ExporterComplaints(logging.Handler):
         self._last = ""
 
     def install(self) -> ExporterComplaints:
-        """Take over the SDK exporter loggers' output (for a command's lifetime).
+        """Take over the SDK exporter loggers' output (for a command's lifetime),
+        and listen to :data:`ATTEMPTS_LOGGER` too.
 
         Install it after building the exporter: the SDK's gRPC exporter logger
         drops a line repeating the previous one's template within 20 s (a
@@ -129,6 +149,7 @@ class ExporterComplaints(logging.Handler):
         logger = logging.getLogger(SDK_EXPORTER_LOGGER)
         logger.addHandler(self)
         logger.propagate = False
+        logging.getLogger(ATTEMPTS_LOGGER).addHandler(self)
         self._set_aside = []
         for name in list(logging.Logger.manager.loggerDict):
             if name.startswith(SDK_EXPORTER_LOGGER + "."):
@@ -143,6 +164,7 @@ class ExporterComplaints(logging.Handler):
         logger = logging.getLogger(SDK_EXPORTER_LOGGER)
         logger.removeHandler(self)
         logger.propagate = True
+        logging.getLogger(ATTEMPTS_LOGGER).removeHandler(self)
         for child, f in self._set_aside:
             child.addFilter(f)
         self._set_aside = []

@@ -16,7 +16,8 @@ settings printed or tested are the ones in use.
                             ``/v1/traces``); default ``http://localhost:4318/
                             v1/traces`` or, for gRPC, ``http://localhost:4317``
 ``headers``                 ``..._TRACES_HEADERS``, then ``..._HEADERS``
-                            (``k=v,k2=v2``, values percent-decoded)
+                            (``k=v,k2=v2``, names and values percent-decoded
+                            as the SDK decodes them)
 ``compression``             ``..._TRACES_COMPRESSION``, then ``..._COMPRESSION``:
                             ``none`` (or empty), ``gzip``, or, over HTTP only,
                             ``deflate``
@@ -107,6 +108,12 @@ _HTTP_VALUE = re.compile(r"[\t\x20-\x7e\xa0-\xff]*")
 #: gRPC metadata (PROTOCOL-HTTP2.md): lowercase names, printable ASCII values.
 _GRPC_KEY = re.compile(r"[0-9a-z_.\-]+")
 _GRPC_VALUE = re.compile(r"[\x20-\x7e]*")
+#: A header entry as ``parse_env_headers`` sees it: percent-encoded (the OTel
+#: specification's form, after W3C Baggage: no space, ``"``, ``,``, ``;`` or
+#: backslash in a value), or the same with spaces, which the SDK takes as written.
+_ENCODED_VALUE = r"\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e"
+_ENCODED_ENTRY = re.compile(rf"{_TOKEN.pattern}[ \t]*=[ \t]*[{_ENCODED_VALUE}]*")
+_SPACED_ENTRY = re.compile(rf"{_TOKEN.pattern}[ \t]*=[ \t]*[ {_ENCODED_VALUE}]*")
 #: A host name as RFC 3986 ``reg-name`` allows it, and non-ASCII letters (IDN).
 _REG_NAME = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,;=%\u00a0-\U0010ffff]+")
 _PORT = re.compile(r"[0-9]{1,5}")
@@ -266,7 +273,21 @@ def _insecure(arg: bool | None, env: Mapping[str, str]) -> bool | None:
 
 
 def parse_headers(name: str, raw: str) -> dict[str, str]:
-    """``k=v,k2=v2`` (W3C baggage form, values percent-decoded)."""
+    """``k=v,k2=v2`` from the variable ``name``, read as the SDK exporters read
+    it (``opentelemetry.util.re.parse_env_headers``): names and values
+    percent-decoded, then stripped; names lowercased; a name given twice keeps
+    its last value. The SDK's HTTP exporter reads the variable itself and adds
+    what it finds to the headers given here, so a name read otherwise would
+    be sent twice.
+
+    An entry whose value holds a space, which percent-encoding would have
+    turned into ``%20``, is taken as written, nothing decoded, as the SDK
+    takes it (its "liberal" form, for values other SDKs take unencoded).
+
+    Stricter than the SDK, which skips or garbles such entries: an entry that
+    is not ``key=value``, escapes that are not UTF-8 (the SDK sends U+FFFD),
+    and a name that stops being a header name once decoded are refused.
+    """
     out: dict[str, str] = {}
     for item in raw.split(","):
         if not item.strip():
@@ -278,14 +299,43 @@ def parse_headers(name: str, raw: str) -> dict[str, str]:
             raise ConfigError(
                 f"otel: {name}: an entry is not key=value; write each header as key=value, "
                 "separated by commas")
+        if _written_literally(item):
+            out[key.lower()] = value.strip()
+            continue
+        header = _decoded_name(name, key)
         try:
-            out[key.lower()] = unquote(value.strip(), errors="strict")
+            out[header] = unquote(value.strip(), errors="strict").strip()
         except UnicodeDecodeError:
             raise ConfigError(
-                f"otel: {name}: the value of header {_shown(key.lower())} has percent escapes "
+                f"otel: {name}: the value of header {_shown(header)} has percent escapes "
                 "that are not UTF-8; percent-encode its text as UTF-8 (a space is %20)"
             ) from None
     return out
+
+
+def _written_literally(entry: str) -> bool:
+    """Whether the SDK takes ``entry`` as written, nothing decoded: what keeps
+    it from the encoded form is a space in its value, and nothing else."""
+    entry = entry.strip()
+    return _ENCODED_ENTRY.fullmatch(entry) is None and _SPACED_ENTRY.fullmatch(entry) is not None
+
+
+def _decoded_name(source: str, key: str) -> str:
+    """A header name from ``source`` percent-decoded, stripped and lowercased,
+    as the SDK reads it; refused when decoding leaves no header name (a name
+    is not a secret, so it is shown)."""
+    try:
+        header = unquote(key, errors="strict").strip().lower()
+    except UnicodeDecodeError:
+        raise ConfigError(
+            f"otel: {source}: header name {_shown(key)} has percent escapes that are not "
+            "UTF-8; write the name as it is, in ASCII") from None
+    if header != key.lower() and _TOKEN.fullmatch(header) is None:
+        raise ConfigError(
+            f"otel: {source}: header name {_shown(key)} decodes to {_shown(header)}, which is "
+            "not a header name (letters, digits and !#$%&'*+-.^_`|~, with no spaces); "
+            "percent-encode values only")
+    return header
 
 
 def _check_headers(source: str, headers: Mapping[str, str], protocol: OTLPProtocol) -> None:

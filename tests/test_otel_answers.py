@@ -117,3 +117,41 @@ def test_a_tls_mismatch_over_grpc_is_one_line_naming_it(tmp_path):
     assert len(lines) == 2, lines
     assert ("StatusCode.UNAVAILABLE: TLS handshake failed (wrong version number): a plain-text "
             "collector needs --insecure, a TLS one a certificate this host trusts") in lines[0]
+
+
+@pytest.mark.parametrize(("scheme", "answer", "kind", "said"), [
+    ("http", b"", "ConnectionError", "the endpoint closed"),  # as a gRPC or TLS port may
+    ("http", b"\x00\x00\x06\x04\x00\x00\x00\x00\x00", "ConnectionError",
+     "the endpoint answered in HTTP/2"),  # a SETTINGS frame
+    ("https", b"HTTP/1.1 400 Bad Request\r\n\r\n", "SSLError", "TLS handshake failed"),
+])
+def test_a_request_that_met_no_http1_server_fails_as_the_same_class(scheme, answer, kind, said):
+    """The sentence replaces requests' text, not its class: the SDK still takes
+    it for a connection error, which it retries within its timeout."""
+    from test_otel_config_cli import raw_server
+
+    from agentrt_otel.answers import checked_http_session
+
+    with raw_server(answer) as port, pytest.raises(Exception) as err:
+        checked_http_session().post(f"{scheme}://127.0.0.1:{port}/v1/traces", data=b"x",
+                                    timeout=5)
+    assert type(err.value).__module__ == "requests.exceptions"
+    assert type(err.value).__name__ == kind
+    assert str(err.value).startswith(said), str(err.value)
+
+
+@pytest.mark.parametrize(("status", "reason", "said"), [
+    (503, None, "HTTP 503 Service Unavailable"),
+    (503, "", "HTTP 503"),
+    (401, None, "HTTP 401 Unauthorized"),
+])
+def test_a_refusal_reaches_the_sdk_with_its_status_in_its_reason(status, reason, said):
+    """The SDK's own lines name a status it retries by its reason alone
+    ("Transient error Service Unavailable"), or "None" when there is none."""
+    from test_otel_config_cli import answering
+
+    from agentrt_otel.answers import checked_http_session
+
+    with answering(status, b"", "text/plain", reason) as base:
+        response = checked_http_session().post(base + "/v1/traces", data=b"x", timeout=5)
+    assert (response.status_code, response.reason) == (status, said)

@@ -6,7 +6,13 @@ import logging
 
 import pytest
 
-from agentrt_otel.complaints import SDK_EXPORTER_LOGGER, ExporterComplaints, gist, says_too_large
+from agentrt_otel.complaints import (
+    ATTEMPTS_LOGGER,
+    SDK_EXPORTER_LOGGER,
+    ExporterComplaints,
+    gist,
+    says_too_large,
+)
 
 HTTP_TRANSIENT = (
     "Transient error HTTPConnectionPool(host='127.0.0.1', port=1): Max retries exceeded with "
@@ -40,6 +46,28 @@ GRPC_FAILED = (
      "StatusCode.UNAVAILABLE: TLS handshake failed (wrong version number): a plain-text "
      "collector needs --insecure, a TLS one a certificate this host trusts"),
     ("x" * 500 + "\nsecond line", "x" * 200),
+    # The checked HTTP session puts the status in the reason: not said twice.
+    ("Failed to export spans batch code: 401, reason: HTTP 401 Unauthorized",
+     "HTTP 401 Unauthorized"),
+    ("Transient error HTTP 503 Service Unavailable encountered while exporting spans batch, "
+     "retrying in 1.00s.", "HTTP 503 Service Unavailable"),
+    # gRPC against an HTTP/1.1 server, in grpc-core's two wordings.
+    ("Failed to export traces to c:4318, error code: StatusCode.UNAVAILABLE, error details: "
+     "failed to connect to all addresses; last error: UNKNOWN: ipv4:10.0.0.1:4318: Trying to "
+     "connect an http1.x server (HTTP status 400)",
+     "StatusCode.UNAVAILABLE: the endpoint did not answer in HTTP/2, as gRPC does: if it is an "
+     "OTLP/HTTP port (a collector's is usually 4318), use --protocol http/protobuf"),
+    ("Failed to export traces to c:4318, error code: StatusCode.UNAVAILABLE, error details: "
+     "failed to connect to all addresses; last error: UNKNOWN: ipv4:10.0.0.1:4318: Failed "
+     "parsing HTTP/2 (Expected SETTINGS frame as the first frame, got frame type 79)",
+     "StatusCode.UNAVAILABLE: the endpoint did not answer in HTTP/2, as gRPC does: if it is an "
+     "OTLP/HTTP port (a collector's is usually 4318), use --protocol http/protobuf"),
+    ("Failed to export traces to c:4317, error code: StatusCode.DEADLINE_EXCEEDED, error "
+     "details: Deadline Exceeded",
+     "StatusCode.DEADLINE_EXCEEDED: no answer within the export timeout "
+     "(OTEL_EXPORTER_OTLP_TIMEOUT)"),
+    ("Failed to export traces to c:4317, error code: StatusCode.INTERNAL, error details: None",
+     "StatusCode.INTERNAL"),
 ])
 def test_gist_keeps_the_cause(message: str, cause: str) -> None:
     assert gist(message) == cause
@@ -118,3 +146,23 @@ def test_while_installed_a_repeated_sdk_line_is_not_dropped_by_its_duplicate_fil
     finally:
         complaints.uninstall()
     assert sdk.filters == before
+
+
+def test_the_sessions_cause_of_an_attempt_outlives_the_sdks_bare_timeout_line() -> None:
+    # The SDK says only "due to timeout, ..." when its next retry would not
+    # fit in the export timeout; the checked HTTP session said the cause.
+    import agentrt_otel.answers  # noqa: F401 - sets the attempts logger up
+
+    attempts = logging.getLogger(ATTEMPTS_LOGGER)
+    sdk = logging.getLogger(SDK_EXPORTER_LOGGER + ".proto.http.trace_exporter")
+    complaints = ExporterComplaints("http://c:4318/v1/traces").install()
+    try:
+        attempts.warning("HTTP 503 Service Unavailable")
+        sdk.error("Failed to export spans batch due to timeout, max retries or shutdown.")
+        assert complaints.reason() == "http://c:4318/v1/traces: HTTP 503 Service Unavailable"
+    finally:
+        complaints.uninstall()
+    # Heard by no one else: not passed up to the root logger, nor printed by
+    # logging's last resort (the SDK's own lines say it to other listeners).
+    assert attempts.propagate is False
+    assert any(isinstance(h, logging.NullHandler) for h in attempts.handlers)

@@ -449,3 +449,49 @@ def test_an_endpoint_password_is_never_printed() -> None:
         resolve_config(protocol="grpc", endpoint="user:TOPSECRET@collector:4317", environ={})
     assert "TOPSECRET" not in str(caught.value) and 'host "user:***@collector"' in str(
         caught.value)
+
+
+# -- header variables, read as the SDK exporters read them ----------------------
+
+@pytest.mark.parametrize("raw", [
+    "X-Tenant=blue%20team,Api-Key=k%3D1",
+    "X%2DTenant=blue",  # a name percent-encoded: decoded, as its value would be
+    "%41uthorization=Bearer%20t",  # decoded, then lowercased
+    "A=1,a=2",  # a name given twice keeps its last value
+    "X%2DA=1,x-a=2",  # ... the same name once decoded
+    " key = value ,, k=a=b,",
+    "a=%20x%20",  # stripped after decoding
+    "%20x=1",
+    "Authorization=Bearer abc%2F,x%2Dy=1",  # a raw space: that entry taken as written
+])
+def test_header_variables_read_as_the_sdk_reads_them(raw: str) -> None:
+    # The SDK's HTTP exporter reads the variable itself and adds what it finds
+    # to the headers it is given: a name decoded differently was sent twice
+    # ("x%2dtenant" and "x-tenant"), and gRPC refused "x%2dtenant" outright.
+    from opentelemetry.util.re import parse_env_headers
+
+    sdk = dict(parse_env_headers(raw, liberal=True))
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS"):
+        assert dict(resolve_config(environ={name: raw}).headers) == sdk
+
+
+@pytest.mark.parametrize(("raw", "said"), [
+    # The SDK sends "x y" (which no HTTP server takes), "" and U+FFFD.
+    ("x%20y=1", 'header name "x%20y" decodes to "x y", which is not a header name (letters, '
+     "digits and !#$%&'*+-.^_`|~, with no spaces); percent-encode values only"),
+    ("%20=1", 'header name "%20" decodes to "", which is not a header name'),
+    ("%FF=1", 'header name "%FF" has percent escapes that are not UTF-8; write the name as it '
+     "is, in ASCII"),
+    ("a%3Ab=1", 'header name "a%3Ab" decodes to "a:b", which is not a header name'),
+])
+def test_a_header_name_that_decodes_to_no_header_name_is_refused(raw: str, said: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        resolve_config(environ={"OTEL_EXPORTER_OTLP_HEADERS": raw})
+    assert str(caught.value).startswith("otel: OTEL_EXPORTER_OTLP_HEADERS: " + said)
+
+
+def test_a_header_flag_is_taken_as_written_not_percent_decoded() -> None:
+    # Only the variables are percent-encoded (W3C Baggage's form); a flag's
+    # value, such as a token holding "%2F", is sent as typed.
+    config = resolve_config(headers={"Authorization": "Bearer a%2Fb"}, environ={})
+    assert dict(config.headers) == {"authorization": "Bearer a%2Fb"}

@@ -6,12 +6,14 @@ OpenTelemetry specification defines it, or said in one outage line."""
 from __future__ import annotations
 
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -29,13 +31,15 @@ from test_otel_cli import (
 
 
 @contextmanager
-def answering(status: int, body: bytes, content_type: str) -> Iterator[str]:
-    """An HTTP server on 127.0.0.1 answering every POST alike; yields its base URL."""
+def answering(status: int, body: bytes, content_type: str,
+              reason: str | None = None) -> Iterator[str]:
+    """An HTTP server on 127.0.0.1 answering every POST alike (with the
+    status's usual reason unless ``reason`` is given); yields its base URL."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 - http.server's name
             self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            self.send_response(status)
+            self.send_response(status, reason)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -55,6 +59,54 @@ def answering(status: int, body: bytes, content_type: str) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+def _read_request(conn: socket.socket) -> None:
+    """Read an HTTP request whole (closing on unread bytes would reset the
+    connection instead of closing it); anything else until a pause."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    found = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+    while found and len(body) < int(found.group(1)):
+        chunk = conn.recv(65536)
+        if not chunk:
+            return
+        body += chunk
+
+
+@contextmanager
+def raw_server(answer: bytes) -> Iterator[int]:
+    """A TCP server on 127.0.0.1 that reads what a client sends, writes
+    ``answer`` (perhaps nothing) and closes, on every connection; yields its port."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.1)
+    done = threading.Event()
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(1)
+                with suppress(OSError):
+                    _read_request(conn)
+                    conn.sendall(answer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        done.set()
+        thread.join(5)
+        listener.close()
 
 
 def outage_lines(db: str, cursor: str, *args: str, marker: bytes,
@@ -137,6 +189,127 @@ def test_an_auth_failure_is_one_outage_line_naming_the_endpoint_and_the_cause(tm
     assert sum("failed (" in line for line in lines) == 1
 
 
+#: The SDK retries a failure it takes for transient within the export
+#: timeout before reporting it: a short one makes the outage line come sooner.
+QUICK = {"OTEL_EXPORTER_OTLP_TIMEOUT": "1000"}
+
+
+@pytest.mark.parametrize(("status", "reason", "said", "env"), [
+    # Statuses the SDK retries itself: it logged the bare reason, no status...
+    (503, None, "HTTP 503 Service Unavailable", {}),
+    # ... or, with no time left for its next retry, no cause at all: the line
+    # said "no answer within the export timeout" of a collector that answered.
+    (503, None, "HTTP 503 Service Unavailable", QUICK),
+    (429, None, "HTTP 429 Too Many Requests", QUICK),
+    (502, None, "HTTP 502 Bad Gateway", QUICK),
+    (504, None, "HTTP 504 Gateway Timeout", QUICK),
+    (503, "", "HTTP 503", QUICK),  # no reason at all: the SDK said "None"
+    (500, "Overloaded", "HTTP 500 Overloaded", QUICK),  # one it does not retry: already so
+])
+def test_an_http_refusal_is_said_with_its_status_code(tmp_path, status, reason, said, env):
+    db, cursor = str(tmp_path / "runs.db"), str(tmp_path / "cursor")
+    scenario_db(db)
+    with answering(status, b"", "text/plain", reason) as base:
+        lines = outage_lines(db, cursor, "--endpoint", base, marker=b"failed (", env=env)
+    assert lines[0] == (f"otel: exporting 20 spans failed ({base}/v1/traces: {said}); retrying "
+                        "with backoff, the cursor stays before this page")
+
+
+def test_a_refused_connection_is_said_whatever_the_export_timeout(tmp_path):
+    # With no time left for the SDK's next retry, the line said "no answer
+    # within the export timeout" of a port that refused at once.
+    db, cursor = str(tmp_path / "runs.db"), str(tmp_path / "cursor")
+    scenario_db(db)
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{unused.getsockname()[1]}"
+        lines = outage_lines(db, cursor, "--endpoint", endpoint, marker=b"failed (", env=QUICK)
+    assert lines[0] == (f"otel: exporting 20 spans failed ({endpoint}/v1/traces: Connection "
+                        "refused); retrying with backoff, the cursor stays before this page")
+
+
+def test_http_protobuf_against_a_grpc_port_says_the_endpoint_speaks_http2(tmp_path):
+    # Python's own words were printed: ('Connection aborted.', BadStatusLine('\x00\x00...')).
+    db, cursor = str(tmp_path / "runs.db"), str(tmp_path / "cursor")
+    scenario_db(db)
+    with GrpcReceiver() as receiver:
+        lines = outage_lines(db, cursor, "--endpoint", receiver.endpoint, marker=b"failed (",
+                             env=QUICK)
+    assert lines[0] == (
+        f"otel: exporting 20 spans failed ({receiver.endpoint}/v1/traces: the endpoint answered "
+        "in HTTP/2 frames, not HTTP/1.1, as a gRPC server does: use --protocol grpc, or the "
+        "collector's OTLP/HTTP port (usually 4318)); retrying with backoff, the cursor stays "
+        "before this page")
+    assert receiver.requests == 0
+
+
+@pytest.mark.parametrize(("answer", "said"), [
+    (b"", "the endpoint closed the connection without an HTTP/1.1 answer, as a TLS or gRPC "
+     "port may: a TLS one needs an https:// endpoint, a gRPC one --protocol grpc"),
+    (b"SSH-2.0-OpenSSH_9.6\r\n", "the endpoint did not answer HTTP/1.1 (its answer began "
+     "'SSH-2.0-OpenSSH_'): this URL is not a collector's OTLP/HTTP receiver (usually port "
+     "4318)"),
+])
+def test_an_endpoint_that_does_not_answer_http1_is_said_in_one_sentence(tmp_path, answer, said):
+    db, cursor = str(tmp_path / "runs.db"), str(tmp_path / "cursor")
+    scenario_db(db)
+    with raw_server(answer) as port:
+        lines = outage_lines(db, cursor, "--endpoint", f"http://127.0.0.1:{port}",
+                             marker=b"failed (", env=QUICK)
+    assert lines[0] == (f"otel: exporting 20 spans failed (http://127.0.0.1:{port}/v1/traces: "
+                        f"{said}); retrying with backoff, the cursor stays before this page")
+
+
+def test_an_https_endpoint_that_is_plain_text_is_said_to_be(tmp_path):
+    # requests' own words were printed: HTTPSConnectionPool(...): Max retries exceeded ...
+    db, cursor = str(tmp_path / "runs.db"), str(tmp_path / "cursor")
+    scenario_db(db)
+    with HttpReceiver() as receiver:
+        endpoint = f"https://127.0.0.1:{receiver.port}"
+        lines = outage_lines(db, cursor, "--endpoint", endpoint, marker=b"failed (", env=QUICK)
+    assert lines[0] == (
+        f"otel: exporting 20 spans failed ({endpoint}/v1/traces: TLS handshake failed (wrong "
+        "version number): a plain-text collector needs an http:// endpoint, a TLS one a "
+        "certificate this host trusts (OTEL_EXPORTER_OTLP_CERTIFICATE)); retrying with "
+        "backoff, the cursor stays before this page")
+
+
+def test_grpc_against_an_http1_port_says_the_endpoint_is_not_grpc(tmp_path):
+    # gRPC's own words were printed: "Failed parsing HTTP/2 (Expected SETTINGS frame ...)".
+    db, cursor = str(tmp_path / "runs.db"), str(tmp_path / "cursor")
+    scenario_db(db)
+    with HttpReceiver() as receiver:
+        lines = outage_lines(db, cursor, "--protocol", "grpc", "--endpoint", receiver.base,
+                             marker=b"failed (", env=QUICK)
+    assert lines[0] == (
+        f"otel: exporting 20 spans failed ({receiver.base}: StatusCode.UNAVAILABLE: the "
+        "endpoint did not answer in HTTP/2, as gRPC does: if it is an OTLP/HTTP port (a "
+        "collector's is usually 4318), use --protocol http/protobuf); retrying with backoff, "
+        "the cursor stays before this page")
+    assert receiver.arrived == 0
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_a_collector_that_does_not_answer_in_time_is_said_to_be(tmp_path, protocol):
+    # gRPC printed its bare "StatusCode.DEADLINE_EXCEEDED: Deadline Exceeded"; HTTP
+    # already said so (pinned).
+    db, cursor = str(tmp_path / "runs.db"), str(tmp_path / "cursor")
+    scenario_db(db)
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
+    endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    try:
+        lines = outage_lines(db, cursor, "--protocol", protocol, "--endpoint", endpoint,
+                             env={"OTEL_EXPORTER_OTLP_TIMEOUT": "300"}, marker=b"failed (")
+    finally:
+        silent.close()
+    code = "StatusCode.DEADLINE_EXCEEDED: " if protocol == "grpc" else ""
+    path = "/v1/traces" if protocol == "http/protobuf" else ""
+    assert lines[0] == (
+        f"otel: exporting 20 spans failed ({endpoint}{path}: {code}no answer within the export "
+        "timeout (OTEL_EXPORTER_OTLP_TIMEOUT)); retrying with backoff, the cursor stays before "
+        "this page")
+
+
 # -- refused before anything is sent ------------------------------------------------
 
 @pytest.mark.parametrize(("args", "env", "said"), [
@@ -160,6 +333,10 @@ def test_an_auth_failure_is_one_outage_line_naming_the_endpoint_and_the_cause(tm
     ([], {"OTEL_EXPORTER_OTLP_HEADERS": "api-key=%FF%FE"},
      'otel: OTEL_EXPORTER_OTLP_HEADERS: the value of header "api-key" has percent escapes that '
      "are not UTF-8; percent-encode its text as UTF-8"),
+    # A header name that decodes to no header name: the SDK sent "x y" alongside.
+    ([], {"OTEL_EXPORTER_OTLP_HEADERS": "x%20y=TOPSECRET"},
+     'otel: OTEL_EXPORTER_OTLP_HEADERS: header name "x%20y" decodes to "x y", which is not a '
+     "header name"),
     ([], {"OTEL_TRACES_EXPORTER": "otlp,console"},
      'otel: OTEL_TRACES_EXPORTER "otlp,console": this command sends to one exporter at a time; '
      "give one of otlp, console, or none"),
@@ -228,7 +405,8 @@ def test_the_protocol_flag_takes_any_case_as_the_variables_do(tmp_path):
 
 def test_headers_from_the_variable_reach_a_grpc_collector_decoded_and_lowercased(tmp_path):
     # Already so before this audit: pinned. gRPC metadata names must be
-    # lowercase; the OTel spec's percent-decoding applies to values.
+    # lowercase; names are percent-decoded too, as the SDK decodes them
+    # (test_a_percent_encoded_header_name_is_decoded_as_the_sdk_decodes_it).
     db = str(tmp_path / "runs.db")
     scenario_db(db)
     with GrpcReceiver() as receiver:
@@ -237,3 +415,20 @@ def test_headers_from_the_variable_reach_a_grpc_collector_decoded_and_lowercased
     assert done.returncode == 0, done.stderr
     assert receiver.headers and all(h.get("x-tenant") == "blue team" and h.get("api-key") == "k=1"
                                     for h in receiver.headers)
+
+
+@pytest.mark.parametrize("receiver_type", [HttpReceiver, GrpcReceiver])
+def test_a_percent_encoded_header_name_is_decoded_as_the_sdk_decodes_it(tmp_path, receiver_type):
+    # Names were kept encoded: HTTP sent both "x%2dtenant" and the SDK's own
+    # "x-tenant" (it reads the variable too), gRPC refused the name outright.
+    db = str(tmp_path / "runs.db")
+    events = scenario_db(db)
+    grpc_args = ["--protocol", "grpc"] if receiver_type is GrpcReceiver else []
+    with receiver_type() as receiver:
+        done = run_otel(db, *grpc_args, "--endpoint", receiver.endpoint,
+                        env={"OTEL_EXPORTER_OTLP_HEADERS": "X%2DTenant=blue%20team,A=1,a=2"})
+    assert done.returncode == 0, done.stderr
+    assert received_keys(receiver) == expected_keys(events)
+    for headers in receiver.headers:
+        assert headers.get("x-tenant") == "blue team" and headers.get("a") == "2"
+        assert not [name for name in headers if "%" in name], headers
