@@ -22,7 +22,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from opentelemetry.sdk.trace.export import SpanExporter
@@ -84,7 +84,8 @@ def _told(answer: Any, on_rejected: OnRejected) -> None:
         on_rejected(int(partial.rejected_spans), str(partial.error_message))
 
 
-def checked_http_session(on_rejected: OnRejected = say_rejected) -> Any:
+def checked_http_session(on_rejected: OnRejected = say_rejected,
+                         unsent: Collection[str] = ()) -> Any:
     """A ``requests.Session`` for the SDK's HTTP exporter whose answers are checked.
 
     A refusal's reason is given its status (``HTTP 503 Service Unavailable``):
@@ -95,6 +96,7 @@ def checked_http_session(on_rejected: OnRejected = say_rejected) -> Any:
     something other than an HTTP/1.1 collector (a gRPC port, a TLS mismatch)
     fails with one sentence saying so (:mod:`agentrt_otel.http_failures`), as
     an exception of the class ``requests`` raised, which the SDK retries alike.
+    Headers named in ``unsent`` (lowercase) are taken off every request.
     """
     import requests
 
@@ -115,6 +117,8 @@ def checked_http_session(on_rejected: OnRejected = say_rejected) -> Any:
 
     class CheckedSession(requests.Session):
         def send(self, request: Any, **kwargs: Any) -> Any:
+            for name in unsent:
+                request.headers.pop(name, None)
             try:
                 return super().send(request, **kwargs)
             except requests.exceptions.Timeout:

@@ -62,6 +62,7 @@ specification's resource SDK says: the export goes on, and
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -762,5 +763,34 @@ def build_exporter(
         headers=dict(config.headers) or None,
         timeout=config.timeout,
         compression=HttpCompression(config.compression),
-        session=checked_http_session(told),
+        session=checked_http_session(told, unsent=_headers_the_sdk_adds() - set(config.headers)),
     )
+
+
+#: Headers the SDK's HTTP exporter sets on its own, which a variable may override.
+_SDK_OWN_HEADERS = frozenset({"content-type", "user-agent"})
+
+
+def _headers_the_sdk_adds() -> frozenset[str]:
+    """Names the SDK's HTTP exporter reads from the header variables itself and
+    adds to the headers it is given (gRPC's does not): those the config did
+    not choose are not sent, so ``--header`` replaces the variable over HTTP
+    as it does over gRPC; but for the SDK's own content-type and user-agent,
+    which a request cannot go without. Read as the SDK reads them, its
+    warnings about entries it skips left to the SDK, which gives them once."""
+    from opentelemetry.util.re import parse_env_headers
+
+    raw = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS")
+           or os.environ.get("OTEL_EXPORTER_OTLP_HEADERS", ""))
+    if not raw:
+        return frozenset()
+    sdk_log = logging.getLogger("opentelemetry.util.re")
+    def quiet(record: logging.LogRecord) -> bool:
+        return False
+
+    sdk_log.addFilter(quiet)
+    try:
+        names = parse_env_headers(raw, liberal=True)
+    finally:
+        sdk_log.removeFilter(quiet)
+    return frozenset(names) - _SDK_OWN_HEADERS

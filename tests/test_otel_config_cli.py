@@ -417,6 +417,27 @@ def test_headers_from_the_variable_reach_a_grpc_collector_decoded_and_lowercased
                                     for h in receiver.headers)
 
 
+@pytest.mark.parametrize("variable", ["OTEL_EXPORTER_OTLP_HEADERS",
+                                      "OTEL_EXPORTER_OTLP_TRACES_HEADERS"])
+@pytest.mark.parametrize("receiver_type", [HttpReceiver, GrpcReceiver])
+def test_a_header_flag_replaces_the_variable_over_both_transports(tmp_path, receiver_type,
+                                                                  variable):
+    # Before, the SDK's HTTP exporter read the variable itself and added its
+    # headers to the flag's: api-key reached an HTTP collector, not a gRPC one.
+    db = str(tmp_path / "runs.db")
+    events = scenario_db(db)
+    grpc_args = ["--protocol", "grpc"] if receiver_type is GrpcReceiver else []
+    with receiver_type() as receiver:
+        done = run_otel(db, *grpc_args, "--endpoint", receiver.endpoint,
+                        "--header", "x-a=flag",
+                        env={variable: "api-key=from-env,X-A=env"})
+    assert done.returncode == 0, done.stderr
+    assert received_keys(receiver) == expected_keys(events)
+    for headers in receiver.headers:
+        assert headers.get("x-a") == "flag", headers
+        assert "api-key" not in headers, headers
+
+
 @pytest.mark.parametrize("receiver_type", [HttpReceiver, GrpcReceiver])
 def test_a_percent_encoded_header_name_is_decoded_as_the_sdk_decodes_it(tmp_path, receiver_type):
     # Names were kept encoded: HTTP sent both "x%2dtenant" and the SDK's own
