@@ -21,6 +21,8 @@ from agentrt.gojson import add_go_escapes, encode_string, replace_lone_surrogate
 __all__ = [
     "MAX_JSON_DEPTH",
     "canonical_json",
+    "check_and_forms",
+    "check_and_hash",
     "canonical_text",
     "check_json",
     "content_hash",
@@ -117,8 +119,12 @@ _LEAVES = frozenset((str, int, bool, type(None)))
 
 def _keys_and_floats(value: Any) -> tuple[int, bool]:
     """(how many object members ``value`` holds, whether it holds a float)."""
-    if type(value) is dict and _LEAVES.issuperset(map(type, value.values())):
-        return len(value), False  # a flat object, the usual arguments or result
+    if type(value) is dict:  # a flat object, the usual arguments or result, first
+        for v in value.values():
+            if type(v) not in _LEAVES:
+                break
+        else:
+            return len(value), False
     keys, floats = 0, False
     stack = [value]
     while stack:
@@ -184,9 +190,10 @@ def _string_colons(value: Any) -> int:
     return n
 
 
-def _certainly_usable(data: bytes) -> bool:
-    """True when ``data`` is usable consumer JSON, proven cheaply (the depth is
-    checked before); False means only that the strict check must decide.
+def _usable_value(data: bytes) -> tuple[Any, bool] | None:
+    """(orjson's value of ``data``, whether it holds a float) when ``data`` is
+    usable consumer JSON, proven cheaply (the depth is checked before); None
+    means only that the strict check must decide.
 
     orjson refuses invalid UTF-8, lone surrogate escapes, trailing data and
     anything that is not one RFC 8259 value. A repeated key it keeps silently,
@@ -201,14 +208,16 @@ def _certainly_usable(data: bytes) -> bool:
     try:
         value = orjson.loads(data)
     except orjson.JSONDecodeError:
-        return False
+        return None
     keys, floats = _keys_and_floats(value)
     colons = data.count(b":")
     if colons != keys and (data.find(b"\\u") >= 0
                            or colons - _string_colons(value) != keys):
-        return False
-    return not floats or (len(data) <= MAX_NUMBER_LENGTH
-                          and _LARGE_EXPONENT.search(data) is None)
+        return None
+    if floats and (len(data) > MAX_NUMBER_LENGTH
+                   or _LARGE_EXPONENT.search(data) is not None):
+        return None
+    return value, floats
 
 
 def _canonical(data: bytes, html: bool) -> bytes:
@@ -353,11 +362,52 @@ def check_json(data: bytes) -> str | None:
     well-formed value, an unpaired surrogate escape, a repeated object key, a
     number literal too long or with too large an exponent.
     """
-    if _depth_exceeds(data, MAX_JSON_DEPTH):
+    # (Deeper than the limit takes more opening brackets than a short text holds.)
+    if len(data) > MAX_JSON_DEPTH and _depth_exceeds(data, MAX_JSON_DEPTH):
         return f"nested deeper than {MAX_JSON_DEPTH} levels"
-    if _certainly_usable(data):
+    if _usable_value(data) is not None:
         return None
     return _strict_check(data)
+
+
+def _checked_sorted(data: bytes) -> tuple[str | None, bytes | None]:
+    """(:func:`check_json`'s answer, and when it is None and orjson's value gives
+    the canonical form, orjson's sorted output before Go's escapes; None when
+    the strict traversal must make it), with the usual value parsed once."""
+    # (Deeper than the limit takes more opening brackets than a short text holds.)
+    if len(data) > MAX_JSON_DEPTH and _depth_exceeds(data, MAX_JSON_DEPTH):
+        return f"nested deeper than {MAX_JSON_DEPTH} levels", None
+    usable = _usable_value(data)
+    if usable is None:
+        return _strict_check(data), None
+    value, floats = usable
+    # As in _fast_canonical: number literals must be written back as written.
+    if floats or (data.find(b"-0") >= 0 and _NEGATIVE_ZERO.search(data) is not None):
+        return None, None
+    return None, orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+
+
+def check_and_hash(data: bytes) -> tuple[str | None, str]:
+    """``(check_json(data), content_hash(data))``, the hash only when the check
+    passes ('' otherwise): a tool's result is both, from one parse."""
+    problem, plain = _checked_sorted(data)
+    if problem is not None:
+        return problem, ""
+    if plain is None:
+        return None, content_hash(data)
+    return None, hashlib.sha256(add_go_escapes(plain, True)).hexdigest()
+
+
+def check_and_forms(data: bytes) -> tuple[str | None, bytes, bytes]:
+    """``(check_json(data), policy_json(data), canonical_text(data))``, the forms
+    only when the check passes (b"" otherwise): an agent's arguments are all
+    three (checked, shown to the policy, hashed for the loop check), from one parse."""
+    problem, plain = _checked_sorted(data)
+    if problem is not None:
+        return problem, b"", b""
+    if plain is None:
+        return None, policy_json(data), canonical_text(data)
+    return None, add_go_escapes(plain, False), add_go_escapes(plain, True)
 
 
 def _strict_check(data: bytes) -> str | None:

@@ -55,16 +55,20 @@ def _fraction(micro: int) -> str:
     return f".{micro:06d}".rstrip("0") if micro else ""
 
 
-# The stored form of recent UTC readings. One clock reading is written several
-# times (a step's start time four times, an event's time and the row's), and
-# formatting costs a dozen times a lookup. Only UTC datetimes are remembered:
-# two equal datetimes of another zone can be different instants (a repeated
-# wall-clock hour compares equal whatever its fold).
-_FORMATTED: dict[datetime, str] = {}
-_FORMATTED_MAX = 1024
+# The stored form of the last UTC reading formatted, as (reading, text). One
+# clock reading is written several times in a row (an event's time and the
+# row's, two events of one transaction), and formatting costs a dozen times
+# an identity check. Kept by identity, not in a dict: hashing an aware
+# datetime calls its tzinfo and costs a third of formatting it, and most
+# readings are formatted once. One tuple, replaced whole, so threads never
+# see a reading paired with another's text. It starts as None's text.
+_LAST: tuple[datetime | None, str] = (None, "")
 
 
 _TWO_DIGITS = tuple(f"{n:02d}" for n in range(100))
+# The fields of the last second formatted and its text (``2026-10-01T09:00:05``):
+# a step's readings mostly fall within one second. One tuple, replaced whole.
+_SECOND: tuple[tuple[int, ...], str] = ((), "")
 
 
 def _stored_form(t: datetime) -> str:
@@ -75,25 +79,32 @@ def _stored_form(t: datetime) -> str:
     printf-style formatting and the ``replace`` allocates, together several
     times this, and each clock reading is formatted once.
     """
-    d = _TWO_DIGITS
-    year = t.year
-    text = (f"{year if year >= 1000 else f'{year:04d}'}-{d[t.month]}-{d[t.day]}"
-            f"T{d[t.hour]}:{d[t.minute]}:{d[t.second]}")
+    global _SECOND
+    second = (t.year, t.month, t.day, t.hour, t.minute, t.second)
+    last = _SECOND
+    if last[0] == second:
+        text = last[1]
+    else:
+        year, month, day, hour, minute, sec = second
+        d = _TWO_DIGITS
+        text = (f"{year if year >= 1000 else f'{year:04d}'}-{d[month]}-{d[day]}"
+                f"T{d[hour]}:{d[minute]}:{d[sec]}")
+        _SECOND = (second, text)
     micro = t.microsecond
     if micro:
-        text = f"{text}.{str(1_000_000 + micro)[1:].rstrip('0')}"
+        return f"{text}.{str(1_000_000 + micro)[1:].rstrip('0')}Z"
     return text + "Z"
 
 
 def format_time(t: datetime | None) -> str:
     """Stored form: UTC, trailing fractional zeros trimmed, ``Z``; None -> ""."""
+    global _LAST
+    last = _LAST
+    if last[0] is t:
+        return last[1]
     if t is None:
         return ""
     utc = t.tzinfo is UTC
-    if utc:
-        text = _FORMATTED.get(t)
-        if text is not None:
-            return text
     if t == ZERO_TIME:
         return ""
     if t.tzinfo is not None and not utc:
@@ -104,9 +115,7 @@ def format_time(t: datetime | None) -> str:
         text = t.replace(tzinfo=None).isoformat()
         text = (text.rstrip("0") if t.microsecond else text) + "Z"
     if utc:
-        if len(_FORMATTED) >= _FORMATTED_MAX:
-            _FORMATTED.clear()
-        _FORMATTED[t] = text
+        _LAST = (t, text)
     return text
 
 

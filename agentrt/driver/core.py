@@ -7,6 +7,7 @@ session reads it and never changes it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable
@@ -50,8 +51,9 @@ def new_id() -> str:
     return os.urandom(16).hex()
 
 
-def system_now() -> datetime:
-    return datetime.now(UTC)
+#: The default clock, ``datetime.now(UTC)``: a partial, so that each of a step's
+#: readings is a call into C without a Python frame of its own.
+system_now: Callable[[], datetime] = functools.partial(datetime.now, UTC)
 
 
 def safe_observer(observer: Observer | None) -> Observer | None:
@@ -141,11 +143,12 @@ class Core:
 _POLICY_FORMS: dict[bytes, bytes] = {}
 
 
-def policy_form(request: ToolRequest) -> ToolRequest:
+def policy_form(request: ToolRequest, args_form: bytes | None = None) -> ToolRequest:
     """The request as a policy is handed it: arguments and input schema in policy form.
 
     The same bytes on every path (loop, resume, recheck); the tool itself is
-    called with the agent's own argument bytes.
+    called with the agent's own argument bytes. ``args_form`` is the arguments'
+    policy form when the caller already has it (the loop makes it with their check).
     """
     spec = request.spec
     schema = _POLICY_FORMS.get(spec.input_schema)
@@ -159,5 +162,5 @@ def policy_form(request: ToolRequest) -> ToolRequest:
         request.step_id,
         ToolSpec(spec.name, spec.description, schema, spec.side_effect, spec.timeout,
                  spec.terminal),
-        policy_json(request.args or b"{}"),
+        args_form if args_form is not None else policy_json(request.args or b"{}"),
     )

@@ -339,8 +339,8 @@ class Driver:
         return cancel_run(core.store, core.observer, core.now, run_id, by, note)
 
 
-def _default_id() -> str:
-    return new_id()
+#: The default id function (``core.new_id is _default_id`` tells it from a consumer's).
+_default_id = new_id
 
 
 def _reused_id_table(exc: apsw.ConstraintError) -> str:

@@ -49,7 +49,7 @@ def encode(value: Any) -> bytes:
     else:
         # Raw fragments are already escaped, so any byte Go escapes and orjson
         # does not comes from a string orjson wrote: add_go_escapes is exact.
-        return add_go_escapes(out, html=True)
+        return add_go_escapes(out)  # html=True, the default
     try:
         return dumps(value)
     except (ValueError, TypeError) as exc:

@@ -10,6 +10,7 @@ compared across processes.
 
 from __future__ import annotations
 
+import functools
 import secrets
 import threading
 from collections.abc import Callable
@@ -25,8 +26,8 @@ __all__ = ["Lease", "WallClock", "lease_owner_id", "wall_now"]
 WallClock = Callable[[], datetime]
 
 
-def wall_now() -> datetime:
-    return datetime.now(UTC)
+#: The wall clock, ``datetime.now(UTC)``, as a partial (no Python frame per reading).
+wall_now: Callable[[], datetime] = functools.partial(datetime.now, UTC)
 
 
 def lease_owner_id(name: str, token: str = "") -> str:
@@ -70,9 +71,13 @@ class Lease:
 
     def ok(self) -> bool:
         """Still ours and, by the wall clock, not expired."""
-        with self._lock:
+        # acquire and release rather than ``with``: half the cost, once a step.
+        self._lock.acquire()
+        try:
             return (not self._lost and self._expires is not None
                     and self.wall() < self._expires)
+        finally:
+            self._lock.release()
 
     def start(self, at: datetime) -> None:
         """Note a lease just written (``at`` = the wall reading taken before the write)

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
 from typing import Any
 
-from agentrt.canonical import check_json
+from agentrt.canonical import check_and_forms, check_json
 from agentrt.driver.agent import StepInput
 from agentrt.driver.checks import close_if_coroutine
 from agentrt.driver.core import policy_form
@@ -31,7 +32,7 @@ from agentrt.driver.session import (
     encode,
     observation,
 )
-from agentrt.driver.snapshot import copy_run
+from agentrt.driver.snapshot import Snapshot, copy_run
 from agentrt.driver.stored import evolve
 from agentrt.driver.toolrun import ToolOutcome, run_tool
 from agentrt.driver.tools import check_args
@@ -129,7 +130,8 @@ def _start_step(s: Session, run: Run) -> Step:
     with s.tx() as tx:
         start_step(tx, s.run_id, index, core.owner)
         stored = s.write_step(tx, step, None)
-        s.append(tx, step.id, now, _STEP_STARTED, {"index": index})
+        # {"index": index} as the encoder writes it (an int is its digits).
+        s.append(tx, step.id, now, _STEP_STARTED, b'{"index":%d}' % index)
     run.step_count += 1
     return stored
 
@@ -153,10 +155,12 @@ def _decide(s: Session, run: Run, step: Step) -> Run | None:
             current[name] = registered.current()
         except ValueError as exc:  # the tool now states a spec it cannot compile
             current[name] = exc
+    # Snapshots are immutable (each read is a copy): the policy is shown these same two.
+    shown = (s.step_snapshot(step.index), s.approval_snapshot())
     given = StepInput(
         run=copy_run(run),
-        steps=s.step_snapshot(step.index),
-        approvals=s.approval_snapshot(),
+        steps=shown[0],
+        approvals=shown[1],
         tools=[_copy_spec(c[0]) for c in current.values() if not isinstance(c, ValueError)],
         model=model,
         cancel=s.cancel,
@@ -175,7 +179,7 @@ def _decide(s: Session, run: Run, step: Step) -> Run | None:
     mistyped = _mistyped_text(decision)
     if mistyped:
         return _agent_failed(s, step, TypeError(mistyped))
-    return _propose(s, run, step, decision, current)
+    return _propose(s, run, step, decision, current, shown)
 
 
 _DECISION_TEXT = ("kind", "tool", "reason", "message", "origin")
@@ -185,11 +189,17 @@ def _mistyped_text(decision: Decision) -> str:
     """Why a decision's text field is not text, or its arguments or result not raw
     JSON, or '' (records hold no floats or other values where the reference
     writes a string, and a dict is not the JSON bytes it would stand for)."""
+    d = decision
+    args, result = d.args, d.result
+    if (isinstance(d.kind, str) and isinstance(d.tool, str) and isinstance(d.reason, str)
+            and isinstance(d.message, str) and isinstance(d.origin, str)
+            and (args is None or isinstance(args, (bytes, str)))
+            and (result is None or isinstance(result, (bytes, str)))):
+        return ""  # the usual decision; otherwise say which field, in this order:
     for name in _DECISION_TEXT:
         value = getattr(decision, name)
         if not isinstance(value, str):
             return f"the agent's decision has a {type(value).__name__} {name}, not a str"
-    args, result = decision.args, decision.result
     if args is not None and not isinstance(args, (bytes, str)):
         return (f"the agent's decision has a {type(args).__name__} args, "
                 "not JSON as bytes or str")
@@ -243,8 +253,14 @@ def _out_of_band(data: bytes, as_base64: bool) -> str:
     return base64.b64encode(data).decode("ascii") if as_base64 else data.decode("utf-8")
 
 
-def _normalise(decision: Decision) -> tuple[Decision, Decision, str | None]:
-    """(the decision with blank values absent, its recorded form, the args' JSON problem).
+#: The arguments' policy form and canonical form (b"" when absent or not usable).
+ArgsForms = tuple[bytes, bytes]
+_NO_FORMS: ArgsForms = (b"", b"")
+
+
+def _normalise(decision: Decision) -> tuple[Decision, Decision, str | None, ArgsForms]:
+    """(the decision with blank values absent, its recorded form, the args' JSON
+    problem, the args' forms).
 
     Arguments or a result that are not usable JSON are kept out of band, as text
     (base64 for both when either is not UTF-8), so the log holds them verbatim.
@@ -253,11 +269,14 @@ def _normalise(decision: Decision) -> tuple[Decision, Decision, str | None]:
     d = decision
     original = Decision(d.kind, d.tool, args, d.reason, result, d.message, d.origin,
                         d.invalid_args, d.invalid_result, d.invalid_base64)
-    args_problem = check_json(args) if args is not None else None
+    args_problem, forms = None, _NO_FORMS
+    if args is not None:
+        args_problem, policy_args, canonical_args = check_and_forms(args)
+        forms = (policy_args, canonical_args)
     result_problem = check_json(result) if result is not None else None
     if (args_problem is None and result_problem is None and not d.invalid_args
             and not d.invalid_result and not d.invalid_base64):
-        return original, original, None  # the usual case: both forms are one (never changed)
+        return original, original, None, forms  # the usual case: both forms are one
     recorded = Decision(d.kind, d.tool, args, d.reason, result, d.message, d.origin)
     if args_problem is not None or result_problem is not None:
         bad = [b for b, p in ((args, args_problem), (result, result_problem))
@@ -275,7 +294,7 @@ def _normalise(decision: Decision) -> tuple[Decision, Decision, str | None]:
             recorded.invalid_result = _out_of_band(result, as_b64)
             recorded.result = None
         recorded.invalid_base64 = as_b64
-    return original, recorded, args_problem
+    return original, recorded, args_problem, forms
 
 
 def _invalid(d: Decision, validator: Any, args_problem: str | None, spec_problem: str,
@@ -311,9 +330,10 @@ def _invalid(d: Decision, validator: Any, args_problem: str | None, spec_problem
 
 
 def _propose(s: Session, run: Run, step: Step, decision: Decision,
-             current: dict[str, Current | ValueError]) -> Run | None:
+             current: dict[str, Current | ValueError],
+             shown: tuple[Snapshot[Step], Snapshot[Approval]]) -> Run | None:
     core = s.core
-    original, recorded, args_problem = _normalise(decision)
+    original, recorded, args_problem, forms = _normalise(decision)
     found = current.get(original.tool) if original.kind == _TOOL_CALL else None
     spec: ToolSpec | None = None
     validator: Any = None
@@ -347,16 +367,22 @@ def _propose(s: Session, run: Run, step: Step, decision: Decision,
                                         original.message), end=done)
     assert spec is not None
     request = ToolRequest(s.run_id, step.id, spec, original.args or b"{}")
-    view = s.view(run, step.index)
-    pd, perr = evaluate(s, request, view)
+    policy_args, canonical_args = forms
+    if canonical_args:
+        # The loop check's hash of these arguments (limits._signature), from the
+        # canonical form just made with their check.
+        s.signatures[step.id] = hashlib.sha256(canonical_args).hexdigest()
+    view = RunView(copy_run(run), *shown)
+    pd, perr = evaluate(s, request, view, policy_args or None)
     return apply(s, stored, DECIDING, request, pd, perr, view, entry)
 
 
-def evaluate(s: Session, request: ToolRequest, view: RunView,
+def evaluate(s: Session, request: ToolRequest, view: RunView, args_form: bytes | None = None,
              ) -> tuple[PolicyDecision | None, BaseException | None]:
-    """Ask the policy about the request in policy form; its exception is a policy error."""
+    """Ask the policy about the request in policy form (``args_form``: the arguments'
+    policy form, when already made); its exception is a policy error."""
     try:
-        pd = s.core.policy.evaluate(policy_form(request), view)
+        pd = s.core.policy.evaluate(policy_form(request, args_form), view)
     except Exception as exc:  # noqa: BLE001 - a policy error fails the run, not the driver
         return None, exc
     if not isinstance(pd, PolicyDecision):
@@ -449,7 +475,9 @@ def apply(
         return s.settle(from_, Ending(RunStatus.FAILED.value, Reason.INTERNAL_ERROR.value,
                                       f"policy: {text}"), end=end)
     policy_at = resumed_at if grant is not None else core.now()
-    for name, part in (("capability", pd.capability), ("presentation", pd.presentation)):
+    parts = (() if pd.capability is None and pd.presentation is None  # allow, deny: none
+             else (("capability", pd.capability), ("presentation", pd.presentation)))
+    for name, part in parts:
         problem = check_json(part) if part is not None and part.strip() else None
         if problem is not None:
             reduced = PolicyDecision(pd.outcome, pd.reason, pd.kind)

@@ -101,14 +101,10 @@ def observation(kind: str, fields: dict[str, Any], summary: str) -> Observation:
 _Part = TypeVar("_Part", Decision, PolicyDecision, Observation)
 
 
-def _part(new: _Part | None, old: _Part | None, old_text: str,
-          make: Callable[[_Part], _Part]) -> tuple[_Part | None, str]:
-    """(stored form, column text) of one JSON part of a step; a part that is the
-    very object last written for this step is reused as it is."""
+def _part(new: _Part | None, make: Callable[[_Part], _Part]) -> tuple[_Part | None, str]:
+    """(stored form, column text) of one JSON part of a step."""
     if new is None:
         return None, ""
-    if new is old:
-        return new, old_text
     return make(new), encode(new.to_json()).decode("utf-8")
 
 
@@ -271,7 +267,8 @@ class Session:
     def step_snapshot(self, n: int) -> Snapshot[Step]:
         """The first ``n`` steps as consumers see them, at O(1) cost."""
         steps = self.steps or []
-        self._shared = max(self._shared, n)
+        if n > self._shared:
+            self._shared = n
         return Snapshot(steps, n)
 
     def approval_snapshot(self) -> Snapshot[Approval]:
@@ -295,10 +292,15 @@ class Session:
             prev, (d_text, p_text, o_text, s_text) = last
         else:  # a new step: nothing to reuse
             prev, (d_text, p_text, o_text, s_text) = _NOTHING_WRITTEN, ("", "", "", "")
-        decision, d_text = _part(step.decision, prev.decision, d_text, stored_decision)
-        policy, p_text = _part(step.policy, prev.policy, p_text, stored_policy)
-        observation_, o_text = _part(step.observation, prev.observation, o_text,
-                                     stored_observation)
+        # A part that is the very object last written for this step (None included)
+        # keeps its stored form and text.
+        decision, policy, observation_ = step.decision, step.policy, step.observation
+        if decision is not prev.decision:
+            decision, d_text = _part(decision, stored_decision)
+        if policy is not prev.policy:
+            policy, p_text = _part(policy, stored_policy)
+        if observation_ is not prev.observation:
+            observation_, o_text = _part(observation_, stored_observation)
         started, finished = step.started_at, step.finished_at
         if started is not prev.started_at or started is None:
             s_text = stored_time(started)

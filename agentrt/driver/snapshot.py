@@ -33,7 +33,8 @@ class Snapshot(Sequence[T]):
 
     def __init__(self, items: Sequence[T] = (), n: int | None = None) -> None:
         self._items = items
-        self._n = len(items) if n is None else min(n, len(items))
+        size = len(items)
+        self._n = size if n is None or n > size else n
 
     def __len__(self) -> int:
         return self._n

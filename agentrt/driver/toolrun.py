@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agentrt.canonical import check_json, content_hash
+from agentrt.canonical import check_and_hash
 from agentrt.driver.cancel import CancelToken
 from agentrt.driver.checks import close_if_coroutine
 from agentrt.driver.errors import AbortRun, ToolError
@@ -64,7 +64,7 @@ def _content(name: str, value: object) -> tuple[Observation, bytes]:
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
     if data is None or not data.strip():
         data = b"{}"
-    problem = check_json(data)
+    problem, digest = check_and_hash(data)
     if problem is not None:
         error = f"content is not usable JSON: {problem}"
         fields = {"error": error, "failure": "invalid_content", "tool": name}
@@ -73,7 +73,7 @@ def _content(name: str, value: object) -> tuple[Observation, bytes]:
         except UnicodeDecodeError:
             fields["content_base64"] = base64.b64encode(data).decode("ascii")
         return observation(_ERROR, fields, f"{name} returned {error}"), b""
-    obs = Observation(_RESULT, data, summary, content_hash(data))
+    obs = Observation(_RESULT, data, summary, digest)
     return obs, data
 
 
