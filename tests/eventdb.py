@@ -9,9 +9,11 @@ bare rows. Also runnable as a writer process:
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
 from agentrt.store import Store, open_store
@@ -51,6 +53,21 @@ def child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
     return env
+
+
+@contextmanager
+def child_process(args: Sequence[str],
+                  env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """A child running this checkout's code, stdout and stderr piped; killed and
+    reaped on the way out if still running, so a failing test leaves none behind."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=child_env() if env is None else env, cwd=REPO_ROOT)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def _write_forever(path: str, runs: int, per_run: int, pause: float) -> None:

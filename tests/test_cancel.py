@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 
 import pytest
 from _driver_kit import call, limits, make, types
-from eventdb import REPO_ROOT, child_env
+from eventdb import REPO_ROOT, child_process
 
 from agentrt.driver import FuncTool, Operator, ToolResult, approve, cancel
 from agentrt.errors import RunStateError
@@ -148,18 +147,12 @@ except CancelledError as exc:
 
 def test_ctrl_c_through_stop_on_signals_cancels_a_running_driver(tmp_path):
     path = str(tmp_path / "runs.db")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CTRL_C_PROGRAM, path, os.path.join(REPO_ROOT, "tests")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env(), cwd=REPO_ROOT)
-    try:
+    with child_process([sys.executable, "-c", CTRL_C_PROGRAM, path,
+                        os.path.join(REPO_ROOT, "tests")]) as proc:
         assert proc.stdout is not None
         assert proc.stdout.readline() == b"running\n"
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=20)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert (proc.returncode, err) == (0, b""), err
     assert out.startswith(b"cancelled: ")
     with open_existing(path) as store:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from eventdb import REPO_ROOT, add_run, child_env, make_db
+from eventdb import REPO_ROOT, add_run, child_env, child_process, make_db
 from store_helpers import file_state, raw, without_file_privileges
 from stress import rounds
 
@@ -750,17 +750,12 @@ def test_an_unfinished_line_that_is_not_the_next_record_is_ended_before_it(
 def _follow_through(db: str, change: Callable[[], None]) -> tuple[list[int], bytes, bytes, int]:
     """Follow the 15 events of ``db`` live, make ``change`` to its file, and end:
     (the seqs delivered first, what came after, stderr, exit code)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentrt_export.cli", "jsonl", "--db", db, "--follow"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env(), cwd=REPO_ROOT)
-    try:
+    with child_process([sys.executable, "-m", "agentrt_export.cli", "jsonl", "--db", db,
+                        "--follow"]) as proc:
+        assert proc.stdout is not None
         seqs = [json.loads(proc.stdout.readline())["seq"] for _ in range(15)]
         change()
         out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     return seqs, out, err, proc.returncode
 
 

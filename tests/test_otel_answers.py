@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import re
 import signal
-import subprocess
 import sys
 import time
 
 import pytest
-from eventdb import REPO_ROOT, child_env
+from eventdb import child_env, child_process
 from otlp_receivers import GrpcReceiver, HttpReceiver
 from test_otel_cli import expected_keys, received_keys, run_otel, scenario_db
 
@@ -66,11 +65,9 @@ def test_a_stop_does_not_wait_for_a_collector_that_does_not_answer(tmp_path):
     env["OTEL_EXPORTER_OTLP_TIMEOUT"] = "60000"
     with HttpReceiver() as receiver:
         receiver.hang = 60.0
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "agentrt_export.cli", "otel", "--db", db, "--follow",
-             "--endpoint", receiver.endpoint, "--cursor-file", str(cursor)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO_ROOT)
-        try:
+        with child_process([sys.executable, "-m", "agentrt_export.cli", "otel", "--db", db,
+                            "--follow", "--endpoint", receiver.endpoint, "--cursor-file",
+                            str(cursor)], env) as proc:
             deadline = time.monotonic() + 30
             while receiver.arrived == 0 and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -79,10 +76,6 @@ def test_a_stop_does_not_wait_for_a_collector_that_does_not_answer(tmp_path):
             proc.send_signal(signal.SIGTERM)
             _, err = proc.communicate(timeout=STOP_GRACE + 20)
             took = time.monotonic() - stopped
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
     assert proc.returncode == 0, err
     assert took < STOP_GRACE + 5, took  # not the minute the SDK would wait
     assert _lines(err)[-1].startswith("stopped: otel: stopped before the collector accepted "
@@ -98,19 +91,12 @@ def test_a_tls_mismatch_over_grpc_is_one_line_naming_it(tmp_path):
     scenario_db(db)
     env = {k: v for k, v in child_env().items() if not k.startswith(("OTEL_", "GRPC_"))}
     env["OTEL_EXPORTER_OTLP_TIMEOUT"] = "1000"
-    with GrpcReceiver() as receiver:  # plain text, asked for TLS
-        proc = subprocess.Popen(
+    with GrpcReceiver() as receiver, child_process(  # plain text, asked for TLS
             [sys.executable, "-m", "agentrt_export.cli", "otel", "--db", db, "--protocol",
-             "grpc", "--endpoint", f"https://127.0.0.1:{receiver.port}"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO_ROOT)
-        try:
-            time.sleep(6)  # the first attempt, the SDK's retries, two of the sink's
-            proc.send_signal(signal.SIGTERM)
-            _, err = proc.communicate(timeout=30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+             "grpc", "--endpoint", f"https://127.0.0.1:{receiver.port}"], env) as proc:
+        time.sleep(6)  # the first attempt, the SDK's retries, two of the sink's
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
     lines = _lines(err)
     assert proc.returncode == 0, err
     assert not [line for line in lines if re.match(r"[IWE]\d{4} ", line)], lines

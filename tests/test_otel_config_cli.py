@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ from typing import Any
 
 import grpc
 import pytest
-from eventdb import REPO_ROOT, child_env
+from eventdb import child_env, child_process
 from otlp_receivers import GrpcReceiver, HttpReceiver
 from test_otel_cli import (
     _stderr_until,
@@ -116,12 +115,11 @@ def outage_lines(db: str, cursor: str, *args: str, marker: bytes,
     have stopped cleanly without creating the cursor."""
     full = {k: v for k, v in child_env().items() if not k.startswith("OTEL_")}
     full.update(env or {})
-    proc = subprocess.Popen([sys.executable, "-m", "agentrt_export.cli", "otel", "--db", db,
-                             *args, "--cursor-file", cursor], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=full, cwd=REPO_ROOT)
-    seen = _stderr_until(proc, marker)
-    proc.send_signal(signal.SIGTERM)
-    _, rest = proc.communicate(timeout=30)
+    with child_process([sys.executable, "-m", "agentrt_export.cli", "otel", "--db", db,
+                        *args, "--cursor-file", cursor], full) as proc:
+        seen = _stderr_until(proc, marker)
+        proc.send_signal(signal.SIGTERM)
+        _, rest = proc.communicate(timeout=30)
     err = (seen + rest).decode()
     assert proc.returncode == 0, err
     assert "Traceback" not in err

@@ -481,7 +481,7 @@ def test_open_existing_refuses_a_file_that_is_not_sqlite(tmp_path):
     path.write_text("these are my notes, not a database\n" * 100)
     os.chmod(path, 0o600)
     before = file_state(path)
-    for open_it in (lambda: open_existing(str(path)), lambda: open_store(str(path))):
+    for open_it in every_opener(str(path)):
         with pytest.raises(StoreOpenError) as info:
             open_it()
         assert str(info.value) == (
