@@ -27,7 +27,7 @@ from typing import Any
 
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from agentrt_otel.complaints import ATTEMPTS_LOGGER
+from agentrt_otel.complaints import ATTEMPTS_LOGGER, NO_TIME_LEFT
 
 __all__ = ["NotOTLPAnswer", "RedirectRefused", "checked_grpc_exporter", "checked_http_session",
            "say_rejected"]
@@ -84,6 +84,13 @@ def _told(answer: Any, on_rejected: OnRejected) -> None:
         on_rejected(int(partial.rejected_spans), str(partial.error_message))
 
 
+def _no_time_left(timeout: Any) -> bool:
+    """Whether a timeout given for one attempt (seconds, or requests' (connect,
+    read) pair) has run out: the SDK computes it from its deadline."""
+    parts = timeout if isinstance(timeout, tuple) else (timeout,)
+    return any(isinstance(t, (int, float)) and t <= 0 for t in parts)
+
+
 def checked_http_session(on_rejected: OnRejected = say_rejected,
                          unsent: Collection[str] = ()) -> Any:
     """A ``requests.Session`` for the SDK's HTTP exporter whose answers are checked.
@@ -96,7 +103,10 @@ def checked_http_session(on_rejected: OnRejected = say_rejected,
     something other than an HTTP/1.1 collector (a gRPC port, a TLS mismatch)
     fails with one sentence saying so (:mod:`agentrt_otel.http_failures`), as
     an exception of the class ``requests`` raised, which the SDK retries alike.
-    Headers named in ``unsent`` (lowercase) are taken off every request.
+    Headers named in ``unsent`` (lowercase) are taken off every request. An
+    attempt asked for after the export's deadline is not sent: it fails as a
+    ``requests`` timeout, a retryable failure whose giving-up line names no
+    cause, so the previous attempt's cause stays the one said.
     """
     import requests
 
@@ -119,6 +129,12 @@ def checked_http_session(on_rejected: OnRejected = say_rejected,
         def send(self, request: Any, **kwargs: Any) -> Any:
             for name in unsent:
                 request.headers.pop(name, None)
+            if _no_time_left(kwargs.get("timeout")):
+                # The SDK woke from its backoff after its deadline and asks for
+                # an attempt with no time: requests would raise a ValueError
+                # ("Attempted to set connect timeout to 0.0"), which the SDK
+                # logs as the failure's cause in place of the previous answer.
+                raise requests.exceptions.Timeout(NO_TIME_LEFT, request=request)
             try:
                 return super().send(request, **kwargs)
             except requests.exceptions.Timeout:
@@ -140,9 +156,22 @@ def checked_grpc_exporter(on_rejected: OnRejected = say_rejected,
     """The SDK's gRPC span exporter, built with ``options``, whose answers are checked.
 
     The SDK drops the answer of its stub's ``Export``; the stub is wrapped
-    each time the exporter makes one (it makes a new one to reconnect).
+    each time the exporter makes one (it makes a new one to reconnect). An
+    attempt asked for after the export's deadline is not made, as over HTTP:
+    gRPC would fail it with DEADLINE_EXCEEDED, said in place of the cause.
     """
+    import grpc  # type: ignore[import-untyped]
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    class NoTimeLeft(grpc.RpcError):  # type: ignore[misc]
+        def code(self) -> grpc.StatusCode:
+            return grpc.StatusCode.DEADLINE_EXCEEDED
+
+        def details(self) -> str:
+            return NO_TIME_LEFT
+
+        def trailing_metadata(self) -> tuple[()]:
+            return ()
 
     class CheckedExporter(OTLPSpanExporter):
         def _initialize_channel_and_stub(self) -> None:
@@ -151,6 +180,8 @@ def checked_grpc_exporter(on_rejected: OnRejected = say_rejected,
             export = client.Export
 
             def checked(*args: Any, **kwargs: Any) -> Any:
+                if _no_time_left(kwargs.get("timeout")):
+                    raise NoTimeLeft()
                 answer = export(*args, **kwargs)
                 _told(answer, on_rejected)
                 return answer

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import re
 
-__all__ = ["ATTEMPTS_LOGGER", "SDK_EXPORTER_LOGGER", "ExporterComplaints", "gist",
+__all__ = ["ATTEMPTS_LOGGER", "NO_TIME_LEFT", "SDK_EXPORTER_LOGGER", "ExporterComplaints", "gist",
            "says_too_large"]
 
 #: The parent of the SDK's OTLP exporter loggers (gRPC and HTTP).
@@ -29,10 +29,15 @@ SDK_EXPORTER_LOGGER = "opentelemetry.exporter.otlp"
 #: ``Retry-After``) is longer than what is left of the export timeout.
 ATTEMPTS_LOGGER = "agentrt_otel.attempts"
 
+#: Why an attempt asked for after the export's deadline was not made
+#: (:mod:`agentrt_otel.answers`): its failure does not replace the cause before it.
+NO_TIME_LEFT = "no time left of the export timeout for another attempt"
 #: Lines that follow a cause without naming one; they do not replace it.
-_NO_CAUSE = ("due to timeout, max retries or shutdown", "Shutdown in progress")
+_NO_CAUSE = ("due to timeout, max retries or shutdown", "Shutdown in progress", NO_TIME_LEFT)
 _ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")\]]+)")
-_GRPC_DETAILS = re.compile(r"error code: (StatusCode\.\w+), error details: (.*)")
+#: The gRPC exporter's failure line, and its line for a failure it retries.
+_GRPC_DETAILS = re.compile(r"error code: (StatusCode\.\w+), error details: (.*)"
+                           r"|^Transient error (StatusCode\.\w+) encountered .*Error details: (.*)")
 _TLS_FAILED = re.compile(r"handshake failed", re.IGNORECASE)
 _SSL_REASON = re.compile(r"SSL routines:[^:]*:([A-Z_]+)")
 #: The HTTP exporter's last line for a failed request: its status and reason.
@@ -61,7 +66,7 @@ def gist(message: str) -> str:
         return found.group(1).strip()
     found = _GRPC_DETAILS.search(message)
     if found:
-        code, details = found.groups()
+        code, details = (part for part in found.groups() if part is not None)
         details = details.removesuffix(": OK")  # grpc's status text after the cause
         if _TLS_FAILED.search(details):
             ssl = _SSL_REASON.search(details)

@@ -141,3 +141,71 @@ def test_a_refusal_reaches_the_sdk_with_its_status_in_its_reason(status, reason,
     with answering(status, b"", "text/plain", reason) as base:
         response = checked_http_session().post(base + "/v1/traces", data=b"x", timeout=5)
     assert (response.status_code, response.reason) == (status, said)
+
+
+@pytest.mark.parametrize("timeout", [0.0, -0.25, (0.0, 5.0), (5.0, 0)])
+def test_an_attempt_with_no_time_left_is_a_timeout_and_is_not_sent(timeout):
+    """requests refuses a timeout of zero with a ValueError, which the SDK
+    would log as the failure's cause."""
+    import requests
+    from test_otel_config_cli import answering
+
+    from agentrt_otel.answers import checked_http_session
+
+    with answering(502, b"", "text/plain") as base, pytest.raises(
+            requests.exceptions.Timeout, match="no time left of the export timeout"):
+        checked_http_session().post(base + "/v1/traces", data=b"x", timeout=timeout)
+
+
+def test_a_retry_woken_after_the_deadline_keeps_the_previous_answer_as_the_cause(monkeypatch):
+    """On a loaded host the SDK's backoff wait can end after its deadline: it
+    then asks for an attempt with no time left. The outage line said
+    "Attempted to set connect timeout to 0.0, ..." of a collector answering 502."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import SpanExportResult
+    from test_otel_config_cli import answering
+
+    from agentrt_otel.answers import checked_http_session
+    from agentrt_otel.complaints import ExporterComplaints
+
+    with answering(502, b"", "text/plain") as base:
+        exporter = OTLPSpanExporter(endpoint=base + "/v1/traces", timeout=0.6,
+                                    session=checked_http_session())
+        client = exporter._client
+        monkeypatch.setattr(client, "_compute_backoff", lambda retry: 0.3)
+        monkeypatch.setattr(client._shutdown_event, "wait",
+                            lambda seconds: time.sleep(seconds + 0.5) or False)  # woken late
+        complaints = ExporterComplaints().install()
+        try:
+            assert exporter.export([]) is SpanExportResult.FAILURE
+        finally:
+            complaints.uninstall()
+    assert complaints.reason() == "HTTP 502 Bad Gateway"
+
+
+def test_a_grpc_retry_woken_after_the_deadline_keeps_the_previous_failure_as_the_cause(
+        monkeypatch):
+    """gRPC fails an attempt with no time left as DEADLINE_EXCEEDED, which was
+    said as "no answer within the export timeout" of a port that refused."""
+    import socket
+
+    from opentelemetry.exporter.otlp.proto.grpc import exporter as sdk_grpc
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    from agentrt_otel.answers import checked_grpc_exporter
+    from agentrt_otel.complaints import ExporterComplaints
+
+    monkeypatch.setattr(sdk_grpc.random, "uniform", lambda low, high: 0.3)  # a backoff of 0.3 s
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        exporter = checked_grpc_exporter(endpoint=f"127.0.0.1:{unused.getsockname()[1]}",
+                                         insecure=True, timeout=0.6)
+        monkeypatch.setattr(exporter._shutdown_in_progress, "wait",
+                            lambda seconds: time.sleep(seconds + 0.5) or False)  # woken late
+        complaints = ExporterComplaints().install()
+        try:
+            assert exporter.export([]) is SpanExportResult.FAILURE
+        finally:
+            complaints.uninstall()
+            exporter.shutdown()
+    assert complaints.reason() == "StatusCode.UNAVAILABLE: Connection refused"

@@ -68,6 +68,12 @@ GRPC_FAILED = (
      "(OTEL_EXPORTER_OTLP_TIMEOUT)"),
     ("Failed to export traces to c:4317, error code: StatusCode.INTERNAL, error details: None",
      "StatusCode.INTERNAL"),
+    # The line for a failure gRPC retries: its details were left out (a stop
+    # during the SDK's backoff leaves it the last line with a cause).
+    ("Transient error StatusCode.UNAVAILABLE encountered while exporting traces to "
+     "127.0.0.1:1, retrying in 0.93s. Error details: failed to connect to all addresses; last "
+     "error: UNKNOWN: ipv4:127.0.0.1:1: Failed to connect to remote host: Connection refused",
+     "StatusCode.UNAVAILABLE: Connection refused"),
 ])
 def test_gist_keeps_the_cause(message: str, cause: str) -> None:
     assert gist(message) == cause
