@@ -103,7 +103,11 @@ def checked_http_session(on_rejected: OnRejected = say_rejected,
     something other than an HTTP/1.1 collector (a gRPC port, a TLS mismatch)
     fails with one sentence saying so (:mod:`agentrt_otel.http_failures`), as
     an exception of the class ``requests`` raised, which the SDK retries alike.
-    Headers named in ``unsent`` (lowercase) are taken off every request. An
+    Headers named in ``unsent`` (lowercase) are taken off every request. The
+    CA file the SDK read from ``OTEL_EXPORTER_OTLP_CERTIFICATE`` is the one
+    used, whatever ``REQUESTS_CA_BUNDLE`` or ``CURL_CA_BUNDLE`` say (requests
+    lets them replace it: every request to a collector with a private CA
+    failed its certificate check where either is set). An
     attempt asked for after the export's deadline is not sent: it fails as a
     ``requests`` timeout, a retryable failure whose giving-up line names no
     cause, so the previous attempt's cause stays the one said.
@@ -126,6 +130,15 @@ def checked_http_session(on_rejected: OnRejected = say_rejected,
             _attempts.warning("%s", response.reason)
 
     class CheckedSession(requests.Session):
+        def merge_environment_settings(self, url: Any, proxies: Any, stream: Any,
+                                       verify: Any, cert: Any) -> Any:
+            settings = super().merge_environment_settings(url, proxies, stream, verify, cert)
+            if verify is None and isinstance(self.verify, str):
+                # The SDK set the session's CA file from OTEL_EXPORTER_OTLP_CERTIFICATE;
+                # requests would let REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE replace it.
+                settings["verify"] = self.verify
+            return settings
+
         def send(self, request: Any, **kwargs: Any) -> Any:
             for name in unsent:
                 request.headers.pop(name, None)

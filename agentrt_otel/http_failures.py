@@ -7,8 +7,9 @@ exporter logs as they are and the outage line would repeat:
   HTTP/2 frames: ``('Connection aborted.', BadStatusLine('\\x00\\x00\\x18\\x04...'))``;
 - a port that closes at once (a TLS or gRPC server refusing plain HTTP/1.1):
   ``RemoteDisconnected('Remote end closed connection without response')``;
-- an ``https://`` endpoint that is plain text, or a certificate this host does
-  not trust: ``HTTPSConnectionPool(...): Max retries exceeded ... SSLError(...)``.
+- an ``https://`` endpoint that is plain text, a certificate this host does
+  not trust, or a collector that wants a client certificate:
+  ``HTTPSConnectionPool(...): Max retries exceeded ... SSLError(...)``.
 
 :func:`sentence` turns each into one sentence saying what happened and the
 fix; :mod:`agentrt_otel.answers` raises it in place of the original, as an
@@ -24,7 +25,7 @@ import ssl
 __all__ = ["sentence"]
 
 #: The TLS reason in an ``ssl.SSLError`` text: ``[SSL: WRONG_VERSION_NUMBER] ...``.
-_SSL_REASON = re.compile(r"\[SSL: ([A-Z_]+)\]")
+_SSL_REASON = re.compile(r"\[SSL: ([A-Z0-9_]+)\]")
 
 
 def _causes(error: BaseException) -> list[BaseException]:
@@ -54,11 +55,23 @@ def _not_http1(error: http.client.BadStatusLine) -> str:
             "this URL is not a collector's OTLP/HTTP receiver (usually port 4318)")
 
 
+#: What to name when a collector wants a client certificate.
+_CLIENT_CERT = "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE, its key in OTEL_EXPORTER_OTLP_CLIENT_KEY"
+
+
 def _tls_failed(error: ssl.SSLError) -> str:
     reason = getattr(error, "reason", None)
     if not isinstance(reason, str):
         found = _SSL_REASON.search(str(error))
         reason = found.group(1) if found else ""
+    if reason == "TLSV13_ALERT_CERTIFICATE_REQUIRED":
+        return f"the collector asks for a client certificate: name one in {_CLIENT_CERT}"
+    if isinstance(error, ssl.SSLEOFError) and not reason:
+        # Closed after the handshake (one cut short says UNEXPECTED_EOF_WHILE_READING):
+        # a TLS 1.3 server refusing a client without a certificate may close
+        # before its alert is read.
+        return ("the endpoint closed the TLS connection, as a collector may if it needs a "
+                f"client certificate: name one in {_CLIENT_CERT}")
     why = f" ({reason.lower().replace('_', ' ')})" if reason else ""
     return (f"TLS handshake failed{why}: a plain-text collector needs an http:// endpoint, a "
             "TLS one a certificate this host trusts (OTEL_EXPORTER_OTLP_CERTIFICATE)")

@@ -4,8 +4,10 @@ Each receiver listens on a free port, decodes every
 ``ExportTraceServiceRequest`` it is sent, and keeps the spans as
 :class:`ReceivedSpan` values that compare across transports. ``fail_next(n)``
 makes the next ``n`` requests fail as a collector that is down does (gRPC
-UNAVAILABLE, HTTP 503), without keeping their spans. Both are context
-managers that stop cleanly on exit::
+UNAVAILABLE, HTTP 503), without keeping their spans. ``tls=True`` serves
+TLS with ``tests/tls/server.pem`` (signed by ``TLS_CA``) on an ``https://``
+endpoint; ``client_auth=True`` also requires a client certificate that CA
+signed. Both are context managers that stop cleanly on exit::
 
     with GrpcReceiver() as rx:
         exporter = OTLPSpanExporter(endpoint=rx.endpoint, insecure=True)
@@ -16,19 +18,28 @@ managers that stop cleanly on exit::
 from __future__ import annotations
 
 import gzip
+import ssl
 import threading
 import time
 import zlib
 from concurrent import futures
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-__all__ = ["GrpcReceiver", "HttpReceiver", "ReceivedSpan"]
+__all__ = ["TLS_CA", "TLS_CLIENT_CERT", "TLS_CLIENT_KEY", "GrpcReceiver", "HttpReceiver",
+           "ReceivedSpan"]
+
+_TLS = Path(__file__).parent / "tls"
+#: The test CA, and the client certificate and key it signed (see tests/tls/README.md).
+TLS_CA, TLS_CLIENT_CERT, TLS_CLIENT_KEY = (str(_TLS / name)
+                                           for name in ("ca.pem", "client.pem", "client.key"))
+_SERVER_CERT, _SERVER_KEY = _TLS / "server.pem", _TLS / "server.key"
 
 
 def _value(v: AnyValue) -> Any:
@@ -175,14 +186,24 @@ class GrpcReceiver(_Collected):
     ``max_bytes`` is refused by grpc itself (RESOURCE_EXHAUSTED, "Received
     message larger than max"), as a collector's ``max_recv_msg_size_mib`` does."""
 
-    def __init__(self, port: int = 0, max_bytes: int | None = None) -> None:
+    def __init__(self, port: int = 0, max_bytes: int | None = None, tls: bool = False,
+                 client_auth: bool = False) -> None:
         super().__init__()
         options = [("grpc.max_receive_message_length", max_bytes)] if max_bytes else []
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=options)
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(self),
                                                                   self._server)
-        self.port = self._server.add_insecure_port(f"127.0.0.1:{port}")
-        self.endpoint = f"http://127.0.0.1:{self.port}"
+        address = f"127.0.0.1:{port}"
+        if tls or client_auth:
+            credentials = grpc.ssl_server_credentials(
+                [(_SERVER_KEY.read_bytes(), _SERVER_CERT.read_bytes())],
+                root_certificates=Path(TLS_CA).read_bytes() if client_auth else None,
+                require_client_auth=client_auth)
+            self.port = self._server.add_secure_port(address, credentials)
+            self.endpoint = f"https://127.0.0.1:{self.port}"
+        else:
+            self.port = self._server.add_insecure_port(address)
+            self.endpoint = f"http://127.0.0.1:{self.port}"
 
     def __enter__(self) -> GrpcReceiver:
         self._server.start()
@@ -249,13 +270,23 @@ class HttpReceiver(_Collected):
     """``POST /v1/traces`` (OTLP/HTTP, protobuf) on 127.0.0.1. A body over
     ``max_bytes`` gets 413, as a collector's ``max_request_body_size`` does."""
 
-    def __init__(self, port: int = 0, max_bytes: int | None = None) -> None:
+    def __init__(self, port: int = 0, max_bytes: int | None = None, tls: bool = False,
+                 client_auth: bool = False) -> None:
         super().__init__()
         self._server = _HttpServer(("127.0.0.1", port), _Handler)
         self._server.collected = self
         self._server.max_bytes = max_bytes
         self.port = self._server.server_address[1]
         self.base = f"http://127.0.0.1:{self.port}"
+        if tls or client_auth:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(_SERVER_CERT, _SERVER_KEY)
+            if client_auth:
+                context.verify_mode = ssl.CERT_REQUIRED
+                context.load_verify_locations(TLS_CA)
+            # The handshake is made by accept(): one that fails is dropped there.
+            self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
+            self.base = f"https://127.0.0.1:{self.port}"
         self.endpoint = self.base + "/v1/traces"
         self._thread = threading.Thread(target=self._server.serve_forever,
                                         kwargs={"poll_interval": 0.05}, daemon=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import signal
+import ssl
 import sys
 import time
 
@@ -209,3 +210,36 @@ def test_a_grpc_retry_woken_after_the_deadline_keeps_the_previous_failure_as_the
             complaints.uninstall()
             exporter.shutdown()
     assert complaints.reason() == "StatusCode.UNAVAILABLE: Connection refused"
+
+
+@pytest.mark.parametrize(("error", "said"), [
+    (ssl.SSLError(1, "[SSL: TLSV13_ALERT_CERTIFICATE_REQUIRED] tlsv13 alert certificate "
+                     "required (_ssl.c:2580)"),
+     "the collector asks for a client certificate: name one in "
+     "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE, its key in OTEL_EXPORTER_OTLP_CLIENT_KEY"),
+    (ssl.SSLEOFError(8, "EOF occurred in violation of protocol (_ssl.c:2427)"),
+     "the endpoint closed the TLS connection, as a collector may if it needs a client "
+     "certificate: name one in OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE, its key in "
+     "OTEL_EXPORTER_OTLP_CLIENT_KEY"),
+    # Cut short during the handshake: what a plain-text server does.
+    (ssl.SSLEOFError(8, "[SSL: UNEXPECTED_EOF_WHILE_READING] EOF occurred in violation of "
+                        "protocol (_ssl.c:1006)"),
+     "TLS handshake failed (unexpected eof while reading): a plain-text collector needs an "
+     "http:// endpoint, a TLS one a certificate this host trusts "
+     "(OTEL_EXPORTER_OTLP_CERTIFICATE)"),
+    (ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify "
+                                     "failed: self-signed certificate in certificate chain"),
+     "TLS handshake failed (certificate verify failed): a plain-text collector needs an "
+     "http:// endpoint, a TLS one a certificate this host trusts "
+     "(OTEL_EXPORTER_OTLP_CERTIFICATE)"),
+])
+def test_a_tls_failure_says_what_the_collector_wants(error, said):
+    """TLS 1.3 refuses a client without a certificate after the handshake: the
+    alert is read, or the connection found closed first, depending on timing."""
+    import requests
+
+    from agentrt_otel.http_failures import sentence
+
+    wrapped = requests.exceptions.SSLError(f"HTTPSConnectionPool(...): ({error!r})")
+    wrapped.__context__ = error
+    assert sentence(wrapped) == said
