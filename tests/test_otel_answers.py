@@ -7,7 +7,9 @@ import re
 import signal
 import ssl
 import sys
+import threading
 import time
+from typing import Any
 
 import pytest
 from eventdb import child_env, child_process
@@ -163,25 +165,33 @@ def test_a_retry_woken_after_the_deadline_keeps_the_previous_answer_as_the_cause
     then asks for an attempt with no time left. The outage line said
     "Attempted to set connect timeout to 0.0, ..." of a collector answering 502."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.trace.export import SpanExportResult
     from test_otel_config_cli import answering
 
     from agentrt_otel.answers import checked_http_session
-    from agentrt_otel.complaints import ExporterComplaints
 
     with answering(502, b"", "text/plain") as base:
         exporter = OTLPSpanExporter(endpoint=base + "/v1/traces", timeout=0.6,
                                     session=checked_http_session())
-        client = exporter._client
-        monkeypatch.setattr(client, "_compute_backoff", lambda retry: 0.3)
-        monkeypatch.setattr(client._shutdown_event, "wait",
-                            lambda seconds: time.sleep(seconds + 0.5) or False)  # woken late
-        complaints = ExporterComplaints().install()
-        try:
-            assert exporter.export([]) is SpanExportResult.FAILURE
-        finally:
-            complaints.uninstall()
-    assert complaints.reason() == "HTTP 502 Bad Gateway"
+        monkeypatch.setattr(exporter._client, "_compute_backoff", lambda retry: 0.3)
+        said = _cause_after_waking_late(monkeypatch, exporter, exporter._client._shutdown_event)
+    assert said == "HTTP 502 Bad Gateway"
+
+
+def _cause_after_waking_late(monkeypatch: pytest.MonkeyPatch, exporter: Any,
+                             backoff: threading.Event) -> str:
+    """The cause said of a failed export whose backoff waits (on ``backoff``)
+    end half a second late, as on a loaded host."""
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    from agentrt_otel.complaints import ExporterComplaints
+
+    monkeypatch.setattr(backoff, "wait", lambda seconds: time.sleep(seconds + 0.5) or False)
+    complaints = ExporterComplaints().install()
+    try:
+        assert exporter.export([]) is SpanExportResult.FAILURE
+    finally:
+        complaints.uninstall()
+    return complaints.reason()
 
 
 def test_a_grpc_retry_woken_after_the_deadline_keeps_the_previous_failure_as_the_cause(
@@ -191,25 +201,20 @@ def test_a_grpc_retry_woken_after_the_deadline_keeps_the_previous_failure_as_the
     import socket
 
     from opentelemetry.exporter.otlp.proto.grpc import exporter as sdk_grpc
-    from opentelemetry.sdk.trace.export import SpanExportResult
 
     from agentrt_otel.answers import checked_grpc_exporter
-    from agentrt_otel.complaints import ExporterComplaints
 
     monkeypatch.setattr(sdk_grpc.random, "uniform", lambda low, high: 0.3)  # a backoff of 0.3 s
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
         exporter = checked_grpc_exporter(endpoint=f"127.0.0.1:{unused.getsockname()[1]}",
                                          insecure=True, timeout=0.6)
-        monkeypatch.setattr(exporter._shutdown_in_progress, "wait",
-                            lambda seconds: time.sleep(seconds + 0.5) or False)  # woken late
-        complaints = ExporterComplaints().install()
         try:
-            assert exporter.export([]) is SpanExportResult.FAILURE
+            said = _cause_after_waking_late(monkeypatch, exporter,
+                                            exporter._shutdown_in_progress)
         finally:
-            complaints.uninstall()
             exporter.shutdown()
-    assert complaints.reason() == "StatusCode.UNAVAILABLE: Connection refused"
+    assert said == "StatusCode.UNAVAILABLE: Connection refused"
 
 
 @pytest.mark.parametrize(("error", "said"), [
