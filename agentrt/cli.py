@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -115,7 +114,11 @@ class Settings:
 
 def settings(db: str | None, as_json: bool) -> Settings:
     outer = click.get_current_context().find_root().obj or {}
-    path = db or outer.get("db") or os.environ.get("AGENTRT_DB") or ""
+    given = db if db is not None else outer.get("db")
+    if given is not None and not given:
+        # ``--db "$DB"`` with $DB unset: not a reason to use the database named elsewhere.
+        raise click.UsageError("--db is empty: name the database file, e.g. --db ops.db")
+    path = given or os.environ.get("AGENTRT_DB") or ""
     if not path:
         raise click.UsageError("no database: pass --db or set AGENTRT_DB")
     return Settings(path, as_json or bool(outer.get("as_json")))
@@ -322,9 +325,25 @@ def _trail(out: Out, noun: str, pages: Pages[Any]) -> None:
 # -- the command ---------------------------------------------------------------
 
 
-class _Commands(click.Group):
+class _ParsedWithContext(click.Command):
+    """A command whose option parser's usage errors (``--limit`` with no value)
+    carry its context, so its usage line follows them as it follows every other
+    usage error; click raises them without one."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            if exc.ctx is not None:
+                raise
+            raise click.UsageError(exc.message, ctx) from None
+
+
+class _Commands(_ParsedWithContext, click.Group):
     """Commands listed in the order an operator uses them; ``resume`` and
     ``recheck`` answered with why they are not here; a closed pipe is not a failure."""
+
+    command_class = _ParsedWithContext
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(self.commands)
@@ -413,12 +432,15 @@ def show(run_id: str, limit: int, offset: int, db: str | None, as_json: bool) ->
     out = Out()
     with opened(s, echoed=(run_id,)) as store:
         page = view.detail_page(store, run_id, page_size(limit), offset)
+        # A run that is not waiting waits on no approval: one it left pending (cancel
+        # leaves it so) cannot be decided, so it is not offered.
+        waits = page.run.status == RunStatus.WAITING_FOR_APPROVAL
+        waiting = page.waiting
         steps = Pages(lambda n, at: view.steps_page(store, run_id, n, at), limit, offset,
                       first=(page.steps, page.steps_total))
         if s.as_json:
             approvals = Pages(lambda n, at: store.list_approvals_page(run_id, "", n, at),
                               limit, offset, first=(page.approvals, page.approvals_total))
-            waiting = page.waiting
             write_object(out, [
                 ("run", page.run.to_json()),
                 ("steps", Array(st.to_json() for st in steps)),
@@ -438,9 +460,10 @@ def show(run_id: str, limit: int, offset: int, db: str | None, as_json: bool) ->
         for line in run_header(page.run):
             out.line(line)
         pending: Pages[Approval] | None = None
-        if page.waiting is not None:
-            blocks: Iterable[list[Approval]] = [[page.waiting]]
-        else:
+        blocks: Iterable[list[Approval]] = []
+        if waiting is not None:
+            blocks = [[waiting]]
+        elif waits:
             pending = Pages(
                 lambda n, at: store.list_approvals_page(
                     run_id, ApprovalStatus.PENDING.value, n, at),
@@ -498,18 +521,13 @@ def events(run_id: str, limit: int, offset: int, db: str | None, as_json: bool) 
 
 
 def _interactive() -> bool:
-    """Whether stdin is a terminal a person can answer at: a character device
-    that is not /dev/null."""
+    """Whether stdin is a terminal a person can answer at. Being a character
+    device is not enough: /dev/null, /dev/zero and /dev/urandom are ones nobody
+    types at (a line read from /dev/zero never ends)."""
     try:
-        st = os.fstat(sys.stdin.fileno())
+        return os.isatty(sys.stdin.fileno())
     except (AttributeError, OSError, ValueError):
         return False
-    if not stat.S_ISCHR(st.st_mode):
-        return False
-    try:
-        return st.st_rdev != os.stat(os.devnull).st_rdev
-    except OSError:
-        return True
 
 
 def _confirm(verb: str, a: Approval) -> bool | None:
@@ -588,6 +606,10 @@ def _decide(verb: str, run_id: str, approval_id: str | None, yes: bool, by: str 
             note: str, db: str | None, as_json: bool) -> None:
     s = settings(db, as_json)
     who = operator_name(by)
+    if approval_id is not None and not approval_id:
+        # ``--approval "$ID"`` with $ID unset is not "the run's only approval".
+        raise click.UsageError(
+            "--approval is empty: name the approval to decide, as agentrt show prints it")
     ask = not approval_id and not yes
     if ask and (s.as_json or not _interactive()):
         raise _refusal(verb)
@@ -741,12 +763,22 @@ def verify(from_seq: int, to_seq: int, kept: tuple[int, str] | None, db: str | N
     out = Out()
     with opened(s) as store:
         check = view.check_chain(store, from_seq, to_seq, kept)
-    if s.as_json:
-        write_document(out, _verify_json(check))
-    else:
-        for line in _verify_lines(check):
-            out.line(line)
     problems = check.problems
+    try:
+        if s.as_json:
+            write_document(out, _verify_json(check))
+        else:
+            for line in _verify_lines(check):
+                out.line(line)
+        out.flush()
+    except OSError:
+        # The exit code is the verdict: output that could not be written (a reader
+        # that went away, a full disk) must not turn a broken chain into 0, nor
+        # leave the interpreter's last flush to fail with its own 120.
+        if not problems:
+            raise
+        if sys.stdout is not None:
+            silence_stdout()
     if problems:
         raise click.ClickException(sanitize("; ".join(problems)))
 
@@ -803,6 +835,8 @@ def help_command(ctx: click.Context, command: str | None) -> None:
     if not command:
         click.echo(parent.get_help())
         return
+    if command in ("resume", "recheck"):
+        raise click.UsageError(_NO_RESUME if command == "resume" else _NO_RECHECK, ctx)
     found = cli.get_command(parent, command)
     if found is None:
         raise click.UsageError(f"no such command {command!r}", ctx)

@@ -124,6 +124,16 @@ def test_full_detail_and_detail_page_agree_on_a_small_run(kit):
     assert page.waiting.hash == full.waiting.hash
 
 
+def test_a_run_cancelled_while_waiting_waits_on_none_of_its_pending_approvals(kit):
+    # Cancel leaves the approval pending; the page offered it as the one to decide.
+    waiting = kit.waiting()
+    view.cancel(kit.store, waiting.id, "op", "")
+    page = view.detail_page(kit.store, waiting.id, 10, 0)
+    assert page.pending_total == 1 and page.waiting is None
+    assert view.detail(kit.store, waiting.id).waiting is None
+    assert page.run.pending_approval_id == ""
+
+
 def test_detail_page_keeps_the_waiting_approval_whatever_the_offset(kit):
     waiting = kit.waiting()
     page = view.detail_page(kit.store, waiting.id, 1, 2)

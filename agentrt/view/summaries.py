@@ -182,7 +182,8 @@ class RunDetailPage:
     pending_total: int
     approvals: list[Approval]
     approvals_total: int
-    #: The single pending approval when ``pending_total`` is 1, whatever the offset.
+    #: The single pending approval when ``pending_total`` is 1, whatever the
+    #: offset, of a run waiting for approval (a cancelled run may leave one pending).
     waiting: Approval | None
 
 
@@ -254,7 +255,7 @@ def detail_page(store: Store, run_id: str, limit: int, offset: int) -> RunDetail
         run_id, ApprovalStatus.PENDING.value, limit, offset)
     approvals, approvals_total = store.list_approvals_page(run_id, "", limit, offset)
     waiting: Approval | None = None
-    if pending_total == 1:
+    if pending_total == 1 and run.status == RunStatus.WAITING_FOR_APPROVAL:
         if pending:
             waiting = pending[0]
         else:  # the offset skipped it; an operator still needs to see it
