@@ -1,9 +1,9 @@
 """``agentrt-export``: ship a database's events to log tooling or a collector.
 
-Records go to stdout, diagnostics to stderr. SIGTERM and SIGINT finish the
-page in hand, save the cursor and exit 0; a closed pipe (``| head``) ends
-quietly without saving past what was written. Exit codes: 0 ok, 1 failure,
-2 usage.
+Records go to stdout, diagnostics to stderr. SIGTERM, SIGINT and SIGHUP
+finish the page in hand, save the cursor and exit 0; a closed pipe (``| head``)
+ends quietly without saving past what was written. Exit codes: 0 ok,
+1 failure, 2 usage.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import select
 import signal
+import stat
 import sys
 import threading
 from collections.abc import Callable
@@ -92,7 +94,7 @@ def follower_options(fn: F) -> F:
         click.option("--after-seq", type=click.IntRange(min=0), metavar="N",
                      help="Start after this seq instead of a cursor file."),
         click.option("--follow", "-f", is_flag=True,
-                     help="Keep following new commits until SIGTERM or SIGINT."),
+                     help="Keep following new commits until SIGTERM, SIGINT or SIGHUP."),
         click.option("--interval", type=_Seconds(), metavar="SECONDS",
                      help="Longest wait between checks once caught up "
                           "(default: 1 s with change notification, else 5 ms)."),
@@ -121,40 +123,58 @@ def settings_from(**kw: Any) -> FollowSettings:
                           bool(kw.get("follow")), kw.get("interval"), kw["page_size"])
 
 
-#: Set by SIGTERM and SIGINT once ``main`` installed its handlers: from then
+#: Set by SIGTERM, SIGINT and SIGHUP once ``main`` installed its handlers: from then
 #: to the process's exit a signal means "stop cleanly", never "die", so one
 #: that lands after the last page was saved still exits 0.
 _STOP = threading.Event()
 
 
-def _progress(store: Store) -> Callable[[int, int], None] | None:
-    if not sys.stderr.isatty():
-        return None
-    head, _ = store.chain_head()
-    state = {"shown": False}
+class _Progress:
+    """The progress line while a backlog drains at a terminal, drawn once a page.
 
-    def on_page(seq: int, count: int) -> None:
-        if head - seq < _PROGRESS_BACKLOG and not state["shown"]:
+    It ends (a newline) when the follower caught up, which a short page says
+    too (a ``--run`` whose last event is below the head), and at the latest
+    when the follower returns, so the sentence of a failure starts a line of
+    its own; pages a live follow delivers later draw nothing.
+    """
+
+    def __init__(self, store: Store, page_size: int) -> None:
+        self._head, _ = store.chain_head()
+        self._page_size = page_size
+        self._shown = False
+        self._ended = False
+
+    def __call__(self, seq: int, count: int) -> None:
+        if self._ended or (self._head - seq < _PROGRESS_BACKLOG and not self._shown):
             return
-        state["shown"] = True
-        done = seq >= head
-        sys.stderr.write(f"\rexported through seq {seq} of {head}" + ("\n" if done else ""))
+        self._shown = True
+        sys.stderr.write(f"\rexported through seq {seq} of {self._head}")
+        if seq >= self._head or count < self._page_size:
+            self.end()
         sys.stderr.flush()
 
-    return on_page
+    def end(self) -> None:
+        if self._shown and not self._ended:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+        self._ended = True
 
 
 def run_follower(
     settings: FollowSettings,
     make_sink: Callable[[Store, threading.Event], Sink],
     clean_stop: type[Exception] | None = None,
+    *,
+    records_on_stdout: bool = False,
 ) -> None:
     """Open read-only, follow into the sink, and turn expected failures into exit codes.
 
-    ``make_sink`` gets the store and the stop event SIGTERM/SIGINT set. An
+    ``make_sink`` gets the store and the stop event SIGTERM, SIGINT and SIGHUP set. An
     exception of type ``clean_stop`` ends the command with exit 0 and one line
-    on stderr (a stop that came before the page in hand was delivered). Every
-    sentence is sanitized: it carries paths and ids as given.
+    on stderr (a stop that came before the page in hand was delivered). With
+    ``records_on_stdout``, a follow ends quietly once the pipe's reader went
+    away, as a write to it would. Every sentence is sanitized: it carries
+    paths and ids as given.
     """
     try:
         store = open_existing(settings.db, read_only=True)
@@ -170,9 +190,12 @@ def run_follower(
             cursor = FileCursor(settings.cursor_file)
         elif settings.after_seq is not None:
             cursor = MemoryCursor(settings.after_seq)
+        progress: _Progress | None = None
         try:
             if settings.after_seq is not None:
                 _check_after_seq(store, settings.after_seq)
+            if sys.stderr.isatty():
+                progress = _Progress(store, settings.page_size)
             follower = Follower(
                 store,
                 run_id=settings.run,
@@ -180,9 +203,18 @@ def run_follower(
                 interval=settings.interval,
                 page_size=settings.page_size,
                 once=not settings.follow,
-                on_page=_progress(store),
+                on_page=progress,
             )
-            follower.follow(make_sink(store, _STOP), _STOP)
+            if settings.follow and records_on_stdout:
+                _stop_when_the_reader_leaves(_STOP)
+            try:
+                follower.follow(make_sink(store, _STOP), _STOP)
+            finally:
+                if progress is not None:
+                    progress.end()
+            if _READER_GONE.is_set():
+                _silence_stdout()
+                return
             if settings.run and not settings.follow and not store.list_events_after(
                     settings.run, 0, 1):
                 # Not a failure: a run may simply have no events (yet), but an
@@ -207,6 +239,35 @@ def run_follower(
         except OSError as exc:
             raise _failure(f"writing events to standard output: {exc.strerror or exc}; "
                            f"{_resumes(cursor)}") from None
+
+
+#: Set when standard output is a pipe whose reader went away while following.
+_READER_GONE = threading.Event()
+
+
+def _stop_when_the_reader_leaves(stop: threading.Event) -> None:
+    """Stop a follow once nobody reads the pipe on standard output (``| head -n 3``).
+
+    Without new commits nothing is written, so no write fails to say so, and
+    the pipeline would wait for the next commit, forever on an idle database.
+    A pipe whose reader closed reports an error to poll(2) at once.
+    """
+    try:
+        fd = sys.stdout.fileno()
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode) or not hasattr(select, "poll"):
+            return
+    except (AttributeError, OSError, ValueError):
+        return
+
+    def watch() -> None:
+        poller = select.poll()
+        poller.register(fd, 0)  # poll reports POLLERR (no reader left) and POLLHUP unasked
+        for _, mask in poller.poll():
+            if mask & (select.POLLERR | select.POLLHUP):
+                _READER_GONE.set()
+                stop.set()
+
+    threading.Thread(target=watch, name="agentrt-export stdout reader", daemon=True).start()
 
 
 def _swapped(path: str, opened: tuple[int, int] | None) -> str:
@@ -280,7 +341,8 @@ def jsonl(**kw: Any) -> None:
     deduplicate on it.
     """
     settings = settings_from(**kw)
-    run_follower(settings, lambda store, stop: JSONLSink(sys.stdout.buffer, on_mend=_note))
+    run_follower(settings, lambda store, stop: JSONLSink(sys.stdout.buffer, on_mend=_note),
+                 records_on_stdout=True)
 
 
 def _note(sentence: str) -> None:
@@ -359,14 +421,24 @@ def otel(endpoint: str | None, protocol: str | None, headers: tuple[str, ...],
         complaints.uninstall()
 
 
+def _stop_signals() -> tuple[signal.Signals, ...]:
+    """SIGTERM, SIGINT and SIGHUP (the terminal closed) stop cleanly; a SIGHUP
+    ignored on the way in (``nohup``) stays ignored."""
+    hangup = getattr(signal, "SIGHUP", None)
+    if hangup is None or signal.getsignal(hangup) == signal.SIG_IGN:
+        return (signal.SIGTERM, signal.SIGINT)
+    return (signal.SIGTERM, signal.SIGINT, hangup)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: exit 0 ok, 1 on failure (``error: <sentence>``), 2 on usage."""
-    stop_on_signals(_STOP)
+    stopping = _stop_signals()
+    stop_on_signals(_STOP, stopping)
     code = run_click(cli, "agentrt-export", argv)
     # Interpreter shutdown puts Python-level handlers back to the default
     # (terminate), but leaves an ignored signal ignored: the work is done and
     # saved, so a late signal must not turn a clean exit into -15.
-    for s in (signal.SIGTERM, signal.SIGINT):
+    for s in stopping:
         signal.signal(s, signal.SIG_IGN)
     sys.exit(code)
 

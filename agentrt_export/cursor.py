@@ -147,7 +147,8 @@ class FileCursor:
 
         A save renames a temporary file into the cursor's directory, so the
         directory must exist and this user must be able to write it; the path,
-        if it exists, must be a regular file; and it must not be ``database``
+        if it exists, must be a regular file, not a symbolic link (the rename
+        would replace the link); and it must not be ``database``
         or one of the files SQLite keeps beside it (-wal, -shm, -journal), by
         name or as the same file under another name (a hard link). Raises
         CursorError naming the cursor file and the fix; opens no file.
@@ -189,6 +190,13 @@ class FileCursor:
                 raise CursorError(path, f"cursor file {path} is {what} {database}; the cursor "
                                         "needs a file of its own: name another one, such as "
                                         f"{database}.cursor")
+        if os.path.islink(path):
+            # A save renames its temporary file over the path: the link would
+            # become a file of its own and the file it names would stay behind.
+            raise CursorError(path, f"cursor file {path} is a symbolic link (to "
+                                    f"{os.readlink(path)}), which a save would replace with a "
+                                    "file of its own instead of writing where it points: name "
+                                    f"the file itself, {os.path.realpath(path)}")
         if st is not None and not stat.S_ISREG(st.st_mode):
             raise CursorError(path, f"cursor file {path} is not a regular file ({_kind(st)}); "
                                     "name a file that holds only the cursor (it is created on "

@@ -20,10 +20,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
-from agentrt.errors import AgentrtError
+from agentrt.errors import AgentrtError, NotFoundError
 from agentrt.errors import described as _described
 from agentrt.events import Event
 from agentrt.store import Store
+from agentrt.store.pages import one_snapshot
 from agentrt_export.cursor import Cursor, FileCursor, MemoryCursor
 from agentrt_export.wake import ChangeWaiter, open_waiter
 
@@ -189,13 +190,14 @@ class Follower:
             f"before; give this database a cursor file of its own, or delete {path} to "
             "export it from the start")
 
-    def _save(self, seq: int) -> None:
-        """Save the cursor; a file cursor also keeps the chain hash at ``seq``,
-        which binds it to this database (checked on the next start)."""
+    def _save(self, seq: int, known: str | None = None) -> None:
+        """Save the cursor; a file cursor also keeps the chain hash at ``seq``
+        (``known``: read with the page, else read now), which binds it to this
+        database (checked on the next start)."""
         cursor = self.cursor
         # A subclass's own save(seq) keeps the Cursor protocol and goes unbound.
         if isinstance(cursor, FileCursor) and type(cursor).save is FileCursor.save:
-            cursor.save(seq, self.store.event_hash(seq))
+            cursor.save(seq, known if known is not None else self.store.event_hash(seq))
         else:
             cursor.save(seq)
 
@@ -233,8 +235,9 @@ class Follower:
 
     # -- delivery --------------------------------------------------------------
 
-    def _deliver(self, page: list[Event], sink: Sink) -> int:
-        """Hand one page to the sink and save the cursor; the new position."""
+    def _deliver(self, page: list[Event], sink: Sink, end_hash: str | None = None) -> int:
+        """Hand one page to the sink and save the cursor; the new position.
+        ``end_hash`` is the chain hash of the page's last event, read with it."""
         if isinstance(sink, PageSink):
             try:
                 sink.handle_page(page)
@@ -245,7 +248,7 @@ class Follower:
                     self._save_before_raising(page[cut.accepted - 1].seq, cut.error)
                 raise cut.error from None
             last = page[-1].seq
-            self._save(last)
+            self._save(last, end_hash)
             return last
         last = 0
         try:
@@ -261,7 +264,7 @@ class Follower:
             raise
         if not _flush(sink, raising=True):
             return page[0].seq - 1  # pragma: no cover - _flush raised
-        self._save(last)
+        self._save(last, end_hash)
         return last
 
     def _save_before_raising(self, seq: int, error: Exception) -> None:
@@ -299,14 +302,18 @@ class Follower:
         path = os.path.abspath(self.store.path)  # the file now, whatever chdir comes later
         opened = file_identity(path)
         waiter: ChangeWaiter | None = None
+        delivered: str | None = None  # the chain hash at seq, as this follower read it
         try:
             while True:
                 version = self.store.data_version()
-                page = self.store.list_events_after(self.run_id, seq, self.page_size)
+                page, at_seq, at_end = self._read(seq)
                 if opened is not None and (now := file_identity(path)) != opened:
                     raise FollowError(_replaced(self.store.path, seq, removed=now is None))
+                if delivered is not None and at_seq != delivered:
+                    raise FollowError(_rewritten(self.store.path, seq, cut=at_seq is None))
+                delivered = at_end if page else at_seq
                 if page:
-                    seq = self._deliver(page, sink)
+                    seq = self._deliver(page, sink, at_end)
                     if self.on_page is not None:
                         self.on_page(seq, len(page))
                 if len(page) == self.page_size and not stop.is_set():
@@ -320,6 +327,27 @@ class Follower:
         finally:
             if waiter is not None:
                 waiter.close()
+
+    def _read(self, seq: int) -> tuple[list[Event], str | None, str | None]:
+        """The page after ``seq`` and the chain hashes at ``seq`` and at the page's
+        last event (None: no such event), from one snapshot.
+
+        A file restored or copied over in place (``sqlite3 .restore``, ``cp``)
+        keeps its identity; its history up to ``seq`` then differs, or ends
+        before it and its next events reuse seqs already delivered. The hash at
+        ``seq`` read with each page tells it, with no read between the two.
+        """
+        with self.store.locked() as conn, one_snapshot(conn):
+            page = self.store.list_events_after(self.run_id, seq, self.page_size)
+            at_seq = self._hash_at(seq) if seq else None
+            at_end = self._hash_at(page[-1].seq) if page else None
+        return page, at_seq, at_end
+
+    def _hash_at(self, seq: int) -> str | None:
+        try:
+            return self.store.event_hash(seq)
+        except NotFoundError:
+            return None
 
     def _wait_for_change(self, version: int, waiter: ChangeWaiter, stop: threading.Event) -> bool:
         """Wait until the database changed since ``version``; False if stopped."""
@@ -367,6 +395,18 @@ def _replaced(path: str, seq: int, *, removed: bool) -> str:
     return (f"{path} was replaced by another file while it was followed; nothing of the "
             f"new file was delivered (the last event delivered is seq {seq}): start again "
             "to follow the new file, with a cursor that belongs to it")
+
+
+def _rewritten(path: str, seq: int, *, cut: bool) -> str:
+    # Checked with each read, as _replaced is, for a file changed in place.
+    if cut:
+        what = f"was cut back to before seq {seq}, the last event delivered,"
+    else:
+        what = (f"was rewritten up to seq {seq}, the last event delivered (its chain hash "
+                "there changed),")
+    return (f"{path} {what} while it was followed: restored from a backup or copied over "
+            "in place; nothing of the new history was delivered: start again to follow it, "
+            "with a cursor that belongs to it")
 
 
 def _flush(sink: object, raising: bool = False) -> bool:
