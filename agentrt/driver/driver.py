@@ -280,7 +280,8 @@ class Driver:
             if live is not None:
                 raise RunLeasedError.in_another_call(run_id, core.owner, live.lease.expires_at)
             lease = Lease(core.store, run_id, core.owner, core.lease_ttl, core.wall)
-            s = Session(core, run_id, cancel if cancel is not None else CancelToken(), lease)
+            token, timer = _call_token(cancel)
+            s = Session(core, run_id, token, lease)
             self._live[run_id] = s
         try:
             yield s
@@ -294,6 +295,11 @@ class Driver:
         finally:
             with self._lock:
                 self._live.pop(run_id, None)
+            if timer is not None:
+                timer.cancel()
+                timer.join()
+                assert cancel is not None
+                cancel.release(token)
 
     @staticmethod
     def _finish(s: Session, body: Callable[[], Run]) -> Run:
@@ -337,6 +343,27 @@ class Driver:
     def cancel(self, run_id: str, by: str, note: str = "") -> Run:
         core = self._core
         return cancel_run(core.store, core.observer, core.now, run_id, by, note)
+
+
+def _call_token(cancel: CancelToken | None) -> tuple[CancelToken, threading.Timer | None]:
+    """The call's token, and the timer that cancels it when the caller's deadline passes.
+
+    The loop reads only ``cancelled`` (a deadline would cost a clock reading at
+    every check), so a caller's ``CancelToken(timeout=...)`` stopped nothing:
+    the run went on past it, every tool's token already timed out. A token with
+    a deadline is given a child that a timer cancels then, as a cancel would.
+    """
+    if cancel is None:
+        return CancelToken(), None
+    deadline = cancel.deadline
+    if deadline is None:
+        return cancel, None
+    token = cancel.child()
+    timer = threading.Timer(max(deadline - time.monotonic(), 0.0), token.cancel,
+                            ("deadline exceeded",))
+    timer.name, timer.daemon = "agentrt-deadline", True
+    timer.start()
+    return token, timer
 
 
 #: The default id function (``core.new_id is _default_id`` tells it from a consumer's).

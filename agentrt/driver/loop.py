@@ -14,6 +14,8 @@ import copy
 import hashlib
 from typing import Any
 
+import apsw
+
 from agentrt.canonical import check_and_forms, check_json
 from agentrt.driver.agent import StepInput
 from agentrt.driver.checks import close_if_coroutine
@@ -604,6 +606,8 @@ def _record_tool(s: Session, step: Step, spec: ToolSpec, outcome: ToolOutcome) -
                                               result=outcome.content), end=end, detached=True)
         else:
             s.end_step(end, detached=True)
+    except apsw.TooBigError as exc:
+        return _record_tool(s, step, spec, _too_big(spec, outcome, exc))
     except RunLeasedError as exc:
         raise LeaseLostError(exc.detail) from exc
     except RunStateError as exc:
@@ -612,6 +616,18 @@ def _record_tool(s: Session, step: Step, spec: ToolSpec, outcome: ToolOutcome) -
     if outcome.cancelled:
         raise CancelledError(s.cancel.reason)
     return result
+
+
+def _too_big(spec: ToolSpec, outcome: ToolOutcome, exc: apsw.TooBigError) -> ToolOutcome:
+    """An outcome SQLite cannot hold (past its length limit) as a tool error saying so:
+    unrecorded, the step stayed executing and a resume asked whether the tool ran."""
+    obs = outcome.observation
+    size = len(obs.content or b"")
+    error = f"the tool's outcome ({size} bytes of {obs.kind}) is too large to store: {exc}"
+    too_big = observation(ObservationKind.TOOL_ERROR.value, {
+        "error": error, "failure": "invalid_content", "tool": spec.name},
+        f"{spec.name} returned {error}")
+    return ToolOutcome(too_big, outcome.duration_ms, cancelled=outcome.cancelled)
 
 
 def _record_late(s: Session, step: Step, spec: ToolSpec, outcome: ToolOutcome) -> Run | None:

@@ -492,6 +492,9 @@ class ModelCaller:
             out = call_in_thread(lambda: model.generate(request, token),
                                  self._config.call_timeout.total_seconds(),
                                  f"agentrt-model-{call_id[:8]}")
+        except BaseException:
+            token.cancel("interrupted")  # the wait ended (a Ctrl-C), not the call: stop it
+            raise
         finally:
             self._cancel.release(token)
         if out is None:

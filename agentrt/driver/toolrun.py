@@ -91,6 +91,11 @@ def run_tool(worker: Worker, tool: Tool, spec: ToolSpec, run_id: str, step_id: s
     started = monotonic()
     try:
         out = worker.call(tool.call, timeout, call)
+    except BaseException:
+        # A Ctrl-C (or another BaseException) ended the wait, not the tool: the call
+        # is abandoned, so ask it to stop, as at its timeout.
+        token.cancel("interrupted")
+        raise
     finally:
         caller.release(token)
     duration_ms = int((monotonic() - started) * 1000)
