@@ -152,3 +152,60 @@ def test_read_only_opener_leaves_the_file_alone_while_another_process_writes(tmp
     finally:
         proc.kill()
         proc.wait()
+
+
+FORKING_PROGRAM = r"""
+import os, sys, threading, time
+sys.path.insert(0, sys.argv[2])
+from _driver_kit import call, limits, make
+from agentrt.driver import FuncTool, ToolResult
+from agentrt.records import Decision
+from agentrt.store import ForkedStoreError, open_store
+
+store = open_store(sys.argv[1])
+forked = threading.Event()
+
+def fork_mid_run(c):
+    # The run is live: its lease is held and renewed by the heartbeat thread.
+    pid = os.fork()
+    if pid == 0:
+        said = []
+        for use in (store.list_runs, lambda: store.tx().__enter__(), store.db,
+                    lambda: store.get_run("r")):
+            try:
+                use()
+                said.append("used")
+            except ForkedStoreError as exc:
+                said.append(str(exc))
+        store.close()  # returns, though the fork may have left its lock held
+        again = open_store(sys.argv[1])
+        said.append(again.get_run("r").status)
+        again.close()
+        print("\n".join(said), flush=True)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return ToolResult(b"{}", "forked")
+
+d, _, _, _ = make(store=store, script=[call("fork"), Decision.complete()],
+                  tools=[FuncTool("fork", fork_mid_run, side_effect="read_only", timeout=30)])
+print(d.start("g", limits(), run_id="r").status, flush=True)
+"""
+
+
+def test_a_store_used_in_a_forked_child_is_refused_and_the_parent_goes_on(tmp_path):
+    """A connection carried across a fork believes it holds file locks that
+    stayed with the parent; it was used as if nothing happened."""
+    from eventdb import REPO_ROOT, child_process
+
+    path = str(tmp_path / "runs.db")
+    with child_process([sys.executable, "-c", FORKING_PROGRAM, path,
+                        os.path.join(REPO_ROOT, "tests")]) as proc:
+        out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err) == (0, b""), err
+    lines = out.decode().splitlines()
+    refusal = (f"agentrt: the store was opened before this process forked: {path} (opened in "
+               f"process {proc.pid}); an SQLite connection must not cross a fork, as its file "
+               "locks stay with that process: open the store again in this process")
+    assert lines == [refusal] * 4 + ["RUNNING", "COMPLETED"]
+    with open_existing(path) as store:
+        assert store.verify_events(0, 0).broken is None

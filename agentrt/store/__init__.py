@@ -3,11 +3,18 @@
 from agentrt.store.chainread import ChainBreak, VerifyReport
 from agentrt.store.opening import StoreOpenError
 from agentrt.store.pages import PageError
-from agentrt.store.store import ReadOnlyStoreError, Store, open_existing, open_store
+from agentrt.store.store import (
+    ForkedStoreError,
+    ReadOnlyStoreError,
+    Store,
+    open_existing,
+    open_store,
+)
 from agentrt.store.tx import StoreClosedError, TransactionOpenError, Tx, TxScope
 
 __all__ = [
     "ChainBreak",
+    "ForkedStoreError",
     "PageError",
     "ReadOnlyStoreError",
     "Store",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
@@ -59,7 +60,8 @@ from agentrt.store.rows import not_found as _not_found
 from agentrt.store.tx import CLOSED, ChainHead, StoreClosedError, Tx, closed_error
 from agentrt.timefmt import parse_time
 
-__all__ = ["ReadOnlyStoreError", "Store", "StoreClosedError", "open_existing", "open_store"]
+__all__ = ["ForkedStoreError", "ReadOnlyStoreError", "Store", "StoreClosedError",
+           "open_existing", "open_store"]
 
 _PENDING_COLUMNS = Columns.of([("a.run_id", TEXT), ("a.id", TEXT)])
 _LEASE_COLUMNS = Columns.of([(capped_text("lease_owner"), TEXT),
@@ -78,6 +80,47 @@ class ReadOnlyStoreError(AgentrtError):
     """A write was asked of a store opened read-only."""
 
     base = "agentrt: store is read-only"
+
+
+class ForkedStoreError(StoreClosedError):
+    """A store used in a process forked after it was opened. SQLite's file
+    locks belong to the process that took them, so a connection carried
+    across a fork believes it holds locks it does not: used, it can corrupt
+    the file. The child opens the store again."""
+
+    base = "agentrt: the store was opened before this process forked"
+
+
+#: Every open store, marked unusable in a forked child (see ForkedStoreError).
+_open_stores: weakref.WeakSet[Store] = weakref.WeakSet()
+#: Connections of stores a fork left behind, kept so the child does not close
+#: them as it runs: closing runs SQLite's unlock code on locks it does not hold.
+_left_by_fork: list[apsw.Connection] = []
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_open_stores):
+        store._forked()
+    _open_stores.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class _Forked:
+    """A store's ``_guarded`` in a forked child: every use raises ForkedStoreError."""
+
+    __slots__ = ("_said",)
+
+    def __init__(self, said: str) -> None:
+        self._said = said
+
+    def __enter__(self) -> apsw.Connection:
+        raise ForkedStoreError(self._said)
+
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
 #: The largest seq SQLite hands out (a signed 64-bit rowid).
@@ -149,12 +192,31 @@ class Store:
         self._tx_cursor = conn.cursor()  # for Tx's own statements, under the lock
         #: ``with self._guarded as conn``: the lock held, and a call on the closed
         #: connection said as StoreClosedError (every read goes through it).
-        self._guarded = _Locked(conn, self._lock, path)
+        self._guarded: _Locked | _Forked = _Locked(conn, self._lock, path)
+        #: Said by every use in a process forked after the open ('' before).
+        self._fork_said = ""
+        _open_stores.add(self)
 
     # -- lifecycle ---------------------------------------------------------
 
+    def _forked(self) -> None:
+        """In a child forked after the open: refuse every use from now on."""
+        self._fork_said = (
+            f"{self.path} (opened in process {os.getppid()}); an SQLite connection must not "
+            "cross a fork, as its file locks stay with that process: open the store again "
+            "in this process")
+        self._guarded = _Forked(self._fork_said)
+        _left_by_fork.extend(c for c in (self._conn, self._lease_conn) if c is not None)
+        self._closed = True  # close() has nothing left to do
+
+    def _refuse_if_forked(self) -> None:
+        if self._fork_said:
+            raise ForkedStoreError(self._fork_said)
+
     def close(self) -> None:
         """Close both connections; safe to call twice."""
+        if self._fork_said:  # the lock may be held by a thread the fork left behind
+            return
         with self._lock:
             if self._closed:
                 return
@@ -179,6 +241,7 @@ class Store:
         TTL: the heartbeat renews the lease on its own connection, but cannot
         write while another holds the file's write lock.
         """
+        self._refuse_if_forked()
         return self._conn
 
     def locked(self) -> AbstractContextManager[apsw.Connection]:
@@ -202,6 +265,7 @@ class Store:
         ``wait`` bounds the wait for it in seconds (apsw.BusyError after): an
         in-memory store's heartbeat shares the lock a caller may hold across a
         whole run, and must give up its tick rather than hold the run's end."""
+        self._refuse_if_forked()
         conn = self._lease_conn if self._lease_conn is not None else self._conn
         if not self._lease_lock.acquire(timeout=wait):
             raise apsw.BusyError(f"{self.path}: the lease connection is in use")
@@ -229,6 +293,8 @@ class Store:
             raise ReadOnlyStoreError(
                 f"{self.path} was opened read-only; open it with "
                 "open_existing(path, read_only=False) to write")
+        if self._fork_said:  # inline: four transactions a driver step
+            raise ForkedStoreError(self._fork_said)
         return Tx(self._conn, self._lock, observer, self._head if own_writes else None,
                   self._tx_cursor)
 
