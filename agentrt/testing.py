@@ -10,14 +10,16 @@ with Retry-After among them), a :class:`FakeClock` that counts its readings, a
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 from agentrt.driver.agent import StepInput
 from agentrt.driver.cancel import CancelToken
 from agentrt.driver.errors import TransientError
 from agentrt.driver.model import Message, ModelRequest, ModelResponse
 from agentrt.driver.tools import FuncTool, ToolCall, ToolResult
+from agentrt.errors import described
 from agentrt.events import Event
 from agentrt.gojson import dumps
 from agentrt.records import Decision, SideEffect
@@ -33,8 +35,11 @@ __all__ = [
     "static_tool",
 ]
 
-#: A scripted entry: a decision, a function of the step's input, or an exception to raise.
-Entry = Decision | Callable[[StepInput], Decision] | BaseException
+_T = TypeVar("_T")
+
+#: A scripted entry: a decision, a function of the step's input, or an exception to raise;
+#: None holds the place of a step a resumed run will not ask for again.
+Entry = Decision | Callable[[StepInput], Decision] | BaseException | None
 
 
 class ScriptExhausted(Exception):
@@ -45,6 +50,9 @@ class ScriptedAgent:
     """Answers step ``i`` with ``script[i]``, so a resumed run picks up where it was."""
 
     def __init__(self, script: Sequence[Entry]) -> None:
+        if isinstance(script, (Decision, str, bytes)) or not isinstance(script, Iterable):
+            raise TypeError(f"ScriptedAgent takes a list of decisions (or functions of the "
+                            f"step input, or exceptions); it was given {described(script)}")
         self.script = list(script)
         self.inputs: list[StepInput] = []
         self._lock = threading.Lock()
@@ -64,6 +72,11 @@ class ScriptedAgent:
             raise entry
         if isinstance(entry, Decision):
             return entry
+        if entry is None:  # the place of a step a resumed run was not to ask again
+            raise ScriptExhausted(f"no decision scripted for step {index}: its entry is None")
+        if not callable(entry):  # else recorded as "'str' object is not callable"
+            raise TypeError(f"the script's entry for step {index} is {described(entry)}, "
+                            "not a Decision, a function of the step input or an exception")
         return entry(step)
 
 
@@ -128,8 +141,9 @@ class FakeClock:
     its readings."""
 
     def __init__(self, start: datetime | None = None, step: timedelta = timedelta(0)) -> None:
-        self._t = start if start is not None else datetime(2026, 10, 1, 9, 0, tzinfo=UTC)
-        self.step = step
+        self._t = _checked("FakeClock start", start, datetime) if start is not None else \
+            datetime(2026, 10, 1, 9, 0, tzinfo=UTC)
+        self.step = _checked("FakeClock step", step, timedelta)
         self.readings = 0
         self._lock = threading.Lock()
 
@@ -146,12 +160,22 @@ class FakeClock:
             return self._t
 
     def advance(self, d: timedelta) -> None:
+        _checked("FakeClock.advance", d, timedelta)
         with self._lock:
             self._t += d
 
     def set(self, t: datetime) -> None:
+        _checked("FakeClock.set", t, datetime)
         with self._lock:
             self._t = t
+
+
+def _checked(name: str, value: object, kind: type[_T]) -> _T:
+    """``value`` if it is a ``kind``; else a TypeError saying so when the clock is
+    set, not a TypeError from ``+`` when the driver first reads it."""
+    if not isinstance(value, kind):
+        raise TypeError(f"{name} is {described(value)}, not a {kind.__name__}")
+    return value
 
 
 class MemoryObserver:

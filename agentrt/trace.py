@@ -13,11 +13,14 @@ exporter:
 
 Streams may be binary or text. Binary (``sys.stdout.buffer``, a file opened
 ``"wb"``) is preferred: the bytes written are exactly the record's, with no
-encoding or newline translation in between.
+encoding or newline translation in between. A text stream whose encoding is
+not UTF-8 (``PYTHONIOENCODING=ascii``, a file opened ``encoding="latin-1"``)
+is written UTF-8 through its binary buffer: a record is UTF-8 by definition.
 """
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import errno
 import io
@@ -33,6 +36,7 @@ from typing import IO, Any
 
 import orjson
 
+from agentrt.errors import described
 from agentrt.events import Event, Observer
 from agentrt.gojson import encode_string
 from agentrt.timefmt import format_time_nano, local_stamp
@@ -361,6 +365,43 @@ def _is_text(stream: Any) -> bool:
     )
 
 
+def _encodes_utf8(stream: Any) -> bool:
+    """Whether a text stream's str comes out UTF-8 (one with no encoding, as
+    ``io.StringIO``, keeps the str itself)."""
+    encoding = getattr(stream, "encoding", None)
+    if not isinstance(encoding, str):
+        return True
+    try:
+        return codecs.lookup(encoding).name == "utf-8"
+    except LookupError:
+        return True
+
+
+class _UTF8UnderText:
+    """A text stream that does not encode UTF-8, written through its binary
+    buffer. Through the text layer a record would be other bytes than the
+    export's, or a UnicodeEncodeError at the first non-ASCII character that
+    ends the trace; the text layer is flushed first, so what the consumer
+    wrote through it stays in order."""
+
+    def __init__(self, text: Any) -> None:
+        self._text = text
+        self._buffer = text.buffer
+
+    def write(self, data: bytes | memoryview) -> int | None:
+        self._text.flush()
+        n: int | None = self._buffer.write(data)
+        if n is None and isinstance(self._buffer, io.RawIOBase):
+            raise BlockingIOError(errno.EAGAIN, "the output would block; nothing was written")
+        return n
+
+    def flush(self) -> None:
+        self._text.flush()  # the text layer, then its buffer
+
+    def fileno(self) -> int:
+        return int(self._buffer.fileno())
+
+
 class LineWriter:
     """Writes whole lines to one stream from many threads.
 
@@ -372,6 +413,8 @@ class LineWriter:
     def __init__(self, stream: IO[bytes] | IO[str], *, flush_each: bool = True) -> None:
         self._stream: Any = stream
         self._text = _is_text(stream)
+        if self._text and not _encodes_utf8(stream) and hasattr(stream, "buffer"):
+            self._stream, self._text = _UTF8UnderText(stream), False
         self._flush_each = flush_each and hasattr(stream, "flush")
         self._lock = threading.Lock()
         self._err: Exception | None = None
@@ -474,9 +517,26 @@ class LineWriter:
                 raise
 
 
+def _check_stream(stream: Any, made_by: str) -> None:
+    """Refuse, when the observer is made, what no line could be written to: the
+    observer swallows write failures, so a path or a closed file passed by
+    mistake would otherwise trace nothing and say nothing. None passes: it is
+    what Python makes of a standard stream closed by the caller (``2>&-``),
+    and a program must not stop for want of its trace."""
+    if stream is not None and not callable(getattr(stream, "write", None)):
+        hint = (": open the file first, such as open(path, 'ab')"
+                if isinstance(stream, (str, bytes, os.PathLike)) else "")
+        raise TypeError(f"agentrt: {made_by} needs a stream with write(), such as "
+                        f"sys.stdout.buffer; it was given {described(stream)}{hint}")
+    if getattr(stream, "closed", False) is True:
+        raise ValueError(f"agentrt: {made_by} was given a closed stream "
+                         f"({described(stream)}): pass one that is open for writing")
+
+
 def _observer(
-    stream: IO[bytes] | IO[str], render: Callable[[Event], bytes | str]
+    stream: IO[bytes] | IO[str], render: Callable[[Event], bytes | str], made_by: str
 ) -> tuple[Observer, Callable[[], Exception | None]]:
+    _check_stream(stream, made_by)
     out = LineWriter(stream)
     write = out.write
 
@@ -493,7 +553,7 @@ def writer_with_err(
     stream: IO[bytes] | IO[str],
 ) -> tuple[Observer, Callable[[], Exception | None]]:
     """:func:`writer` plus a function returning the first write failure."""
-    return _observer(stream, aligned_line)
+    return _observer(stream, aligned_line, "trace.writer")
 
 
 def writer(stream: IO[bytes] | IO[str]) -> Observer:
@@ -505,7 +565,7 @@ def jsonl_with_err(
     stream: IO[bytes] | IO[str],
 ) -> tuple[Observer, Callable[[], Exception | None]]:
     """:func:`jsonl` plus a function returning the first write failure."""
-    return _observer(stream, jsonl_record)
+    return _observer(stream, jsonl_record, "trace.jsonl")
 
 
 def jsonl(stream: IO[bytes] | IO[str]) -> Observer:
