@@ -414,7 +414,8 @@ def otel(endpoint: str | None, protocol: str | None, headers: tuple[str, ...],
         return sink
 
     try:
-        run_follower(settings, make_sink, clean_stop=ExportStopped)
+        run_follower(settings, make_sink, clean_stop=ExportStopped,
+                     records_on_stdout=config.exporter == "console")
     finally:
         for sink in sinks:
             sink.close()

@@ -17,20 +17,31 @@
   failure, retried like any other until the endpoint is corrected.
 - **A refusal, or no HTTP/1.1 answer.** Said with its status, or in one
   sentence naming what answered instead (see :func:`checked_http_session`).
+- **A proxy in the way.** A collector on this machine's loopback
+  (``localhost``, ``127.0.0.1``, ``::1``) is reached directly over both
+  transports, whatever the proxy variables say, as the reference's Go
+  exporters reach it (``http.ProxyFromEnvironment`` never proxies one): set
+  system-wide, ``HTTP_PROXY`` or ``http_proxy`` sent a sidecar's spans to a
+  proxy, which cannot reach this machine's loopback, and the outage line
+  blamed the collector. A failure through a proxy says so, naming it.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import os
+import re
 from collections.abc import Callable, Collection
 from typing import Any
+from urllib.parse import urlsplit
 
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from agentrt_otel.complaints import ATTEMPTS_LOGGER, NO_TIME_LEFT
+from agentrt_otel.complaints import ATTEMPTS_LOGGER, NO_TIME_LEFT, gist
 
 __all__ = ["NotOTLPAnswer", "RedirectRefused", "checked_grpc_exporter", "checked_http_session",
-           "say_rejected"]
+           "loopback", "say_rejected"]
 
 _log = logging.getLogger("agentrt_otel")
 #: Each failed attempt's cause, heard by ExporterComplaints while installed
@@ -84,6 +95,43 @@ def _told(answer: Any, on_rejected: OnRejected) -> None:
         on_rejected(int(partial.rejected_spans), str(partial.error_message))
 
 
+def loopback(host: str) -> bool:
+    """Whether ``host`` (a URL's host, brackets or not) is this machine's
+    loopback: ``localhost`` or a loopback address, as Go's
+    ``http.ProxyFromEnvironment`` tells the hosts it never proxies."""
+    host = host.strip().strip("[]").rstrip(".").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.partition("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def _through(url: str, proxy: str) -> str:
+    """Words naming the proxy a request to ``url`` went through, its password
+    hidden, and the variable that chose it."""
+    from agentrt_otel.config import redacted
+
+    scheme = urlsplit(url).scheme.lower()
+    names = (f"{scheme}_proxy", f"{scheme}_proxy".upper(), "all_proxy", "ALL_PROXY")
+    named = next((n for n in names if os.environ.get(n, "").strip() == proxy.strip()), "")
+    return (f"through the proxy {redacted(proxy)} from {named or 'a *_proxy variable'}; "
+            "list the collector's host in NO_PROXY to send directly")
+
+
+#: requests' words for a proxy that refused to open a tunnel to an https:// endpoint.
+_TUNNEL = re.compile(r"Tunnel connection failed: ([^'\")]*)")
+
+
+def _proxy_cause(error: BaseException) -> str:
+    """The few words saying why a request through a proxy failed."""
+    found = _TUNNEL.search(str(error))
+    if found:
+        return f"CONNECT refused: HTTP {found.group(1).strip()}"
+    return gist(str(error))
+
+
 def _no_time_left(timeout: Any) -> bool:
     """Whether a timeout given for one attempt (seconds, or requests' (connect,
     read) pair) has run out: the SDK computes it from its deadline."""
@@ -110,9 +158,12 @@ def checked_http_session(on_rejected: OnRejected = say_rejected,
     failed its certificate check where either is set). An
     attempt asked for after the export's deadline is not sent: it fails as a
     ``requests`` timeout, a retryable failure whose giving-up line names no
-    cause, so the previous attempt's cause stays the one said.
+    cause, so the previous attempt's cause stays the one said. A collector on
+    the loopback is sent to directly, never through a proxy the environment
+    names; a failure through a proxy names it.
     """
     import requests
+    from requests.utils import select_proxy
 
     from agentrt_otel.http_failures import sentence
 
@@ -148,16 +199,31 @@ def checked_http_session(on_rejected: OnRejected = say_rejected,
                 # ("Attempted to set connect timeout to 0.0"), which the SDK
                 # logs as the failure's cause in place of the previous answer.
                 raise requests.exceptions.Timeout(NO_TIME_LEFT, request=request)
+            if loopback(urlsplit(request.url).hostname or ""):
+                kwargs["proxies"] = {}  # a proxy cannot reach this machine's loopback
+            proxy = select_proxy(request.url, kwargs.get("proxies")) or ""
             try:
-                return super().send(request, **kwargs)
+                response = super().send(request, **kwargs)
             except requests.exceptions.Timeout:
                 raise  # "no answer within the export timeout" says it
+            except requests.exceptions.InvalidSchema as err:
+                if not proxy:
+                    raise
+                # A socks:// proxy without PySocks: "Missing dependencies for SOCKS support."
+                socks = f"{str(err).rstrip('.')} ({_through(request.url, proxy)})"
+                _attempts.warning("%s", socks)
+                raise type(err)(socks, request=request) from err
             except requests.exceptions.ConnectionError as err:
                 said = sentence(err)
+                if proxy:
+                    said = f"{said or _proxy_cause(err)} ({_through(request.url, proxy)})"
                 _attempts.warning("%s", said or err)
                 if said is None:
                     raise
                 raise type(err)(said, request=request) from err
+            if proxy and response.status_code >= 400:
+                response.reason = f"{response.reason} ({_through(request.url, proxy)})"
+            return response
 
     session = CheckedSession()
     session.hooks["response"].append(check)

@@ -734,7 +734,12 @@ def build_exporter(
         if console_out is not None:
             return ConsoleSpanExporter(out=console_out)
         return ConsoleSpanExporter()
-    from agentrt_otel.answers import checked_grpc_exporter, checked_http_session, say_rejected
+    from agentrt_otel.answers import (
+        checked_grpc_exporter,
+        checked_http_session,
+        loopback,
+        say_rejected,
+    )
 
     told = on_rejected if on_rejected is not None else say_rejected
     if config.protocol == "grpc":
@@ -743,6 +748,10 @@ def build_exporter(
         os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
         import grpc  # type: ignore[import-untyped]
 
+        # gRPC sends through the proxy http_proxy, https_proxy or grpc_proxy
+        # names, a collector on the loopback too, which no proxy can reach; the
+        # reference's grpc-go, as the HTTP session here, sends to it directly.
+        direct = loopback(_grpc_target_host(config.endpoint))
         return checked_grpc_exporter(
             told,
             endpoint=config.endpoint,
@@ -752,6 +761,7 @@ def build_exporter(
             compression={"gzip": grpc.Compression.Gzip,
                          "deflate": grpc.Compression.Deflate}.get(
                              config.compression, grpc.Compression.NoCompression),
+            channel_options=(("grpc.enable_http_proxy", 0),) if direct else None,
         )
     from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
@@ -765,6 +775,19 @@ def build_exporter(
         compression=HttpCompression(config.compression),
         session=checked_http_session(told, unsent=_headers_the_sdk_adds() - set(config.headers)),
     )
+
+
+def _grpc_target_host(endpoint: str) -> str:
+    """The host of a checked gRPC endpoint (a URL, ``host:port``, or a
+    ``dns:``, ``ipv4:`` or ``ipv6:`` target); '' for a socket (``unix:``)."""
+    lowered = endpoint.lower()
+    if lowered.startswith(("unix:", "unix-abstract:")):
+        return ""
+    if "://" in endpoint and lowered.startswith(("http://", "https://")):
+        return urlsplit(endpoint).hostname or ""
+    if lowered.startswith(_GRPC_TARGETS):
+        endpoint = endpoint.partition(":")[2].lstrip("/").split(",")[0]
+    return urlsplit("//" + endpoint).hostname or ""
 
 
 #: Headers the SDK's HTTP exporter sets on its own, which a variable may override.

@@ -126,7 +126,7 @@ class _Collected:
         self.reject: tuple[int, str] | None = None
         #: HTTP: answer the next requests with a 307 to this URL, then as usual.
         self.redirect: tuple[int, str] = (0, "")
-        #: HTTP: hold every answer this long (a collector that does not answer).
+        #: Hold every answer this long (a collector that does not answer, or a slow one).
         self.hang = 0.0
         #: HTTP: requests whose body arrived, answered or not.
         self.arrived = 0
@@ -176,6 +176,8 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignor
 
     def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 - generated name
         headers = {k: v for k, v in context.invocation_metadata()}
+        if self._collected.hang:
+            time.sleep(self._collected.hang)
         if not self._collected.take(request, headers):
             context.abort(grpc.StatusCode.UNAVAILABLE, "receiver told to fail")
         return self._collected.answer()

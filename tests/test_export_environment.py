@@ -176,29 +176,37 @@ def test_a_live_follow_draws_no_progress_past_the_backlog(tmp_path):
 # -- standard output ------------------------------------------------------------
 
 
+@pytest.mark.parametrize("command", [COMMAND, [*COMMAND[:-1], "otel"]],
+                         ids=["jsonl", "otel console"])
 def test_a_follow_into_a_pipe_whose_reader_left_ends_quietly_while_nothing_is_committed(
-        tmp_path):
+        tmp_path, command):
     """``agentrt-export jsonl -f | head -n 1`` on an idle database: nothing is
-    written, so no write fails, and the pipeline waited for the next commit."""
+    written, so no write fails, and the pipeline waited for the next commit.
+    The same with ``otel`` printing spans (``OTEL_TRACES_EXPORTER=console``)."""
     db = str(tmp_path / "runs.db")
     make_db(db, runs=2, events_per_run=3).close()
     cursor = tmp_path / "export.cursor"
     read, write = os.pipe()
-    env = child_env()
-    proc = subprocess.Popen([*COMMAND, "--db", db, "--cursor-file", str(cursor), "--follow"],
+    env = {**child_env(), "OTEL_TRACES_EXPORTER": "console"}
+    proc = subprocess.Popen([*command, "--db", db, "--cursor-file", str(cursor), "--follow"],
                             stdout=write, stderr=subprocess.PIPE, env=env, cwd=REPO_ROOT)
     os.close(write)
     try:
-        with os.fdopen(read, "rb") as reader:
-            first = reader.readline()
-        assert json.loads(first)["seq"] == 1
+        deadline = time.monotonic() + 30
+        while not (cursor.exists() and cursor.read_text() == "6\n"):  # caught up, idle
+            assert time.monotonic() < deadline and proc.poll() is None, "never caught up"
+            time.sleep(0.02)
+        os.close(read)  # the reader goes away
+        read = -1
         _, err = proc.communicate(timeout=10)
     finally:
+        if read != -1:
+            os.close(read)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     assert (proc.returncode, err) == (0, b"")
-    assert cursor.read_text() == "6\n"  # what reached the pipe before the reader left
+    assert cursor.read_text() == "6\n"
 
 
 # -- signals ------------------------------------------------------------------
