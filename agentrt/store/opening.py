@@ -61,10 +61,22 @@ class StoreOpenError(AgentrtError):
 def sqlite_uri(path: str, params: dict[str, str]) -> str:
     """A ``file:`` URI naming exactly ``path``, even with ``?``, ``#`` or ``%`` in it."""
     escaped = path.replace("%", "%25").replace("?", "%3F").replace("#", "%23")
+    if not escaped.isascii() and not _is_utf8(escaped):
+        # Bytes that are not UTF-8 (os.fsdecode keeps them as surrogates): a
+        # URI carries them as %XX, which SQLite hands to open() as they were.
+        escaped = "".join(chr(b) if b < 0x80 else f"%{b:02X}" for b in os.fsencode(escaped))
     # An absolute path gets an empty authority, so a leading // stays a path.
     escaped = ("file://" if os.path.isabs(path) else "file:") + escaped
     query = "&".join(f"{k}={v}" for k, v in params.items())
     return f"{escaped}?{query}" if query else escaped
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _check_one(path: str, st: os.stat_result, db_uid: int, sidecar: bool) -> None:
@@ -77,7 +89,7 @@ def _check_one(path: str, st: os.stat_result, db_uid: int, sidecar: bool) -> Non
 
 
 def secure_files(path: str, *, create: bool, write: bool) -> None:
-    """Apply the mode rules to the database file and its ``-wal``/``-shm`` sidecars.
+    """Apply the mode rules to the database file and its ``-wal``/``-shm``/``-journal``.
 
     Creates a missing file 0600 when ``create``; refuses a database that is
     not a regular file, a file group or others can write, and a sidecar that
@@ -105,7 +117,9 @@ def secure_files(path: str, *, create: bool, write: bool) -> None:
         raise StoreOpenError(f"{path} is not a regular file; name the database file itself")
     files: list[tuple[str, os.stat_result]] = [(path, db)]
     _check_one(path, db, db.st_uid, sidecar=False)
-    for suffix in ("-wal", "-shm"):
+    # A hot -journal is rolled back into the database by the next opener, even
+    # a WAL one: whoever can write it can write the database.
+    for suffix in ("-wal", "-shm", "-journal"):
         side = path + suffix
         try:
             st = os.lstat(side)
@@ -119,7 +133,10 @@ def secure_files(path: str, *, create: bool, write: bool) -> None:
         me = os.geteuid()
         for name, st in files:
             if st.st_uid == me and st.st_mode & 0o077:
-                os.chmod(name, 0o600)
+                # A -journal comes and goes with each transaction of another
+                # writer that keeps one: gone, there is nothing to tighten.
+                with contextlib.suppress(FileNotFoundError):
+                    os.chmod(name, 0o600)
 
 
 def connect(uri: str, *, write: bool, create: bool = False) -> apsw.Connection:
@@ -181,6 +198,46 @@ def refuse_unsafe_schema(conn: apsw.Connection, path: str) -> None:
             f'a database\'s author put there: drop it (DROP {kind.upper()} "{name}") if you '
             "trust the file, or open a copy without it"
         )
+
+
+def refuse_other_encoding(conn: apsw.Connection, path: str) -> None:
+    """Refuse a file whose text is UTF-16 (a consumer made it first, with its own
+    ``PRAGMA encoding``): the chain hashes the stored bytes of each event, and
+    reads hand payloads out as those bytes, so every event would read as UTF-16
+    and every hash written there as broken. The runtime creates UTF-8 files."""
+    row = conn.execute("PRAGMA encoding").fetchone()
+    encoding = str(row[0]) if row else "UTF-8"
+    if encoding.upper() != "UTF-8":
+        raise StoreOpenError(
+            f"{path} stores its text as {encoding}, and the runtime reads and hashes it as "
+            f"UTF-8: copy it into a new file (sqlite3 {path} .dump | sqlite3 NEW.db) and "
+            "open that")
+
+
+def refuse_other_names(path: str) -> None:
+    """Refuse to write a file with more than one name (hard link): SQLite keeps a
+    -wal per name, so writers using two names each lose the other's commits."""
+    links = _stat(path, os.stat).st_nlink
+    if links > 1:
+        raise StoreOpenError(
+            f"{path} has {links} names (hard links), and SQLite keeps a -wal for each name, "
+            "so writers using two of them lose each other's commits: remove the other names "
+            f"(find / -xdev -samefile {path}), or give this one a copy of its own")
+
+
+def refuse_long_path(path: str) -> None:
+    """Refuse, before a file is created, a path SQLite cannot open: its absolute
+    form, links resolved, with "-journal" added must fit the VFS's limit, and
+    past it SQLite says only "unable to open database file"."""
+    limit = int(apsw.vfs_details()[0]["mxPathname"]) - len("-journal")
+    try:
+        length = len(os.fsencode(os.path.realpath(path)))
+    except OSError:
+        return  # no working directory: the open that follows says so
+    if length > limit:
+        raise StoreOpenError(
+            f"{path} is {length} bytes long as an absolute path with its links resolved, "
+            f"and SQLite opens no database past {limit}: move it to a shorter path")
 
 
 #: The runtime's tables and their columns, as its migrations make them.
@@ -352,6 +409,13 @@ def sqlite_failure(path: str, exc: apsw.Error, *, write: bool) -> str | None:
         return (f"{path} is locked: another process holds its write lock and kept it past "
                 f"the {BUSY_TIMEOUT_MS / 1000:g} s busy timeout; nothing was changed, try "
                 "again when it has finished")
+    if isinstance(exc, apsw.ReadOnlyError) and _extended(exc) == apsw.SQLITE_READONLY_ROLLBACK:
+        # SQLite's own words ("attempt to write a readonly database") blame a
+        # write that a read-only open never asked for.
+        return (f"{path} has a hot rollback journal ({os.path.basename(path)}-journal) left "
+                "by a writer that stopped mid-transaction, and a read-only open cannot roll "
+                "it back: open it once for writing, as its owner (open_existing with "
+                "read_only=False, or the consumer's open_store), then read it")
     if isinstance(exc, apsw.ReadOnlyError) and write:
         directory = _directory_of(path)
         if (_extended(exc) == apsw.SQLITE_READONLY_DIRECTORY
@@ -413,13 +477,16 @@ def open_writer(path: str) -> tuple[apsw.Connection, apsw.Connection]:
     or view, a newer schema) come before the switch to WAL, the migrations
     and the tightening of modes.
     """
+    refuse_long_path(path)
     secure_files(path, create=True, write=False)
+    refuse_other_names(path)
     uri = sqlite_uri(path, {})
     conns: list[apsw.Connection] = []
     with _opening(path, conns):
         conns.append(connect(uri, write=True, create=True))
         conn = conns[0]
         refuse_unsafe_schema(conn, path)
+        refuse_other_encoding(conn, path)
         if refuse_newer(conn, path) == SCHEMA_VERSION:
             refuse_foreign_shape(conn, path)  # before anything is written
         switch_to_wal(conn, path)
@@ -432,7 +499,10 @@ def open_writer(path: str) -> tuple[apsw.Connection, apsw.Connection]:
 def open_reader(path: str, read_only: bool) -> tuple[apsw.Connection, apsw.Connection | None]:
     """``open_existing``'s connections; a writer also gets the lease connection."""
     lstat_regular(path)
+    refuse_long_path(path)
     secure_files(path, create=False, write=not read_only)
+    if not read_only:
+        refuse_other_names(path)
     params = {"mode": "ro"} if read_only else {"mode": "rw"}
     conns: list[apsw.Connection] = []
     with _opening(path, conns, write=not read_only):
@@ -450,11 +520,16 @@ def open_reader(path: str, read_only: bool) -> tuple[apsw.Connection, apsw.Conne
             # A WAL database without its -shm in a directory this user cannot
             # write, or on a read-only file system: no writer can be live
             # either (it could not create the -shm), so the file is read as
-            # immutable.
+            # immutable, unless its -wal holds frames: immutable, SQLite would
+            # leave them unread, and with them the last commits.
+            unread = _unread_wal(path)
+            if unread:
+                raise StoreOpenError(unread) from exc
             close_quietly(conns.pop())
             conns.append(connect(sqlite_uri(path, {"mode": "ro", "immutable": "1"}),
                                  write=False))
             refuse_unsafe_schema(conns[0], path)
+        refuse_other_encoding(conns[0], path)
         try:
             version = current_version(conns[0])
         except apsw.SQLError as exc:
@@ -468,10 +543,32 @@ def open_reader(path: str, read_only: bool) -> tuple[apsw.Connection, apsw.Conne
 
 
 def _cannot_make_shm(path: str, exc: apsw.Error) -> bool:
-    """Whether a read-only open failed only because no -shm could be made."""
+    """Whether a read-only open failed only because no -shm could be made
+    (SQLite says "unable to open" when a -wal is there)."""
     if isinstance(exc, apsw.ReadOnlyError):
         return _extended(exc) == apsw.SQLITE_READONLY_DIRECTORY
-    return not os.path.exists(path + "-shm") and _on_read_only_fs(path)
+    return not os.path.exists(path + "-shm") and (
+        _on_read_only_fs(path) or not os.access(_directory_of(path), os.W_OK | os.X_OK))
+
+
+#: The size of a -wal's header; anything past it is frames.
+_WAL_HEADER = 32
+
+
+def _unread_wal(path: str) -> str | None:
+    """The sentence for a -wal holding frames that no -shm can be made to read
+    (see ``_cannot_make_shm``), or None when it holds none."""
+    try:
+        if os.path.getsize(path + "-wal") <= _WAL_HEADER:
+            return None
+    except OSError:
+        return None
+    name = os.path.basename(path)
+    where = ("on a read-only file system" if _on_read_only_fs(path)
+             else f"in {_directory_of(path)}, which this user cannot write")
+    return (f"{path}-wal may hold commits not yet in {name}, and SQLite reads them only "
+            f"through {name}-shm, which cannot be created {where}: copy {name} and "
+            f"{name}-wal together to a directory this user can write and open the copy")
 
 
 def _extended(exc: apsw.Error) -> int:
