@@ -43,6 +43,7 @@ from agentrt.timefmt import format_time_nano, local_stamp
 
 __all__ = [
     "LineWriter",
+    "check_stream",
     "aligned_line",
     "jsonl",
     "jsonl_record",
@@ -517,26 +518,29 @@ class LineWriter:
                 raise
 
 
-def _check_stream(stream: Any, made_by: str) -> None:
-    """Refuse, when the observer is made, what no line could be written to: the
-    observer swallows write failures, so a path or a closed file passed by
-    mistake would otherwise trace nothing and say nothing. None passes: it is
-    what Python makes of a standard stream closed by the caller (``2>&-``),
-    and a program must not stop for want of its trace."""
-    if stream is not None and not callable(getattr(stream, "write", None)):
+def check_stream(stream: Any, made_by: str, error: type[Exception] | None = None) -> None:
+    """Refuse, when a writer of records is made, what no line could be written
+    to: a path, or a closed file, passed by mistake. ``error`` is raised with
+    the sentence; by default a TypeError or a ValueError."""
+    if not callable(getattr(stream, "write", None)):
         hint = (": open the file first, such as open(path, 'ab')"
                 if isinstance(stream, (str, bytes, os.PathLike)) else "")
-        raise TypeError(f"agentrt: {made_by} needs a stream with write(), such as "
-                        f"sys.stdout.buffer; it was given {described(stream)}{hint}")
+        raise (error or TypeError)(f"{made_by} needs a stream with write(), such as "
+                                   f"sys.stdout.buffer; it was given {described(stream)}{hint}")
     if getattr(stream, "closed", False) is True:
-        raise ValueError(f"agentrt: {made_by} was given a closed stream "
-                         f"({described(stream)}): pass one that is open for writing")
+        raise (error or ValueError)(f"{made_by} was given a closed stream "
+                                    f"({described(stream)}): pass one that is open for writing")
 
 
 def _observer(
     stream: IO[bytes] | IO[str], render: Callable[[Event], bytes | str], made_by: str
 ) -> tuple[Observer, Callable[[], Exception | None]]:
-    _check_stream(stream, made_by)
+    # The observer swallows write failures: a stream no line can reach would
+    # trace nothing and say nothing. None passes: it is what Python makes of a
+    # standard stream the caller closed (``2>&-``), and a program must not
+    # stop for want of its trace.
+    if stream is not None:
+        check_stream(stream, f"agentrt: {made_by}")
     out = LineWriter(stream)
     write = out.write
 

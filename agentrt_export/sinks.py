@@ -13,9 +13,8 @@ import stat
 from collections.abc import Callable, Sequence
 from typing import IO
 
-from agentrt.errors import described
 from agentrt.events import Event
-from agentrt.trace import LineWriter, jsonl_record
+from agentrt.trace import LineWriter, check_stream, jsonl_record
 from agentrt_export.follower import FollowError, PartialPage
 
 __all__ = ["JSONLSink"]
@@ -43,14 +42,7 @@ class JSONLSink:
 
     def __init__(self, stream: IO[bytes] | IO[str], *,
                  on_mend: Callable[[str], None] | None = None) -> None:
-        if not callable(getattr(stream, "write", None)):
-            hint = (": open the file first, such as open(path, 'ab')"
-                    if isinstance(stream, (str, bytes, os.PathLike)) else "")
-            raise FollowError(f"JSONLSink needs a stream with write(), such as "
-                              f"sys.stdout.buffer; it was given {described(stream)}{hint}")
-        if getattr(stream, "closed", False) is True:
-            raise FollowError(f"JSONLSink was given a closed stream ({described(stream)}): "
-                              "pass one that is open for writing")
+        check_stream(stream, "JSONLSink", FollowError)
         self._stream = stream
         self._out = LineWriter(stream, flush_each=False)
         self._write = self._out.write

@@ -103,6 +103,17 @@ class Kit:
 # -- running the command -----------------------------------------------------------
 
 
+def operator_db(path: str) -> dict[str, str]:
+    """A database holding a completed run and one waiting for approval, as an
+    operator meets it: its path and the two runs' and the approval's ids."""
+    kit = Kit(path)
+    done = kit.completed()
+    waiting = kit.waiting()
+    approval = kit.store.list_approvals(waiting.id)[0]
+    kit.close()
+    return {"db": kit.path, "waiting": waiting.id, "approval": approval.id, "done": done.id}
+
+
 @dataclass
 class Result:
     code: int

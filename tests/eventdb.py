@@ -9,6 +9,7 @@ bare rows. Also runnable as a writer process:
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import sys
 import time
@@ -84,3 +85,19 @@ def _write_forever(path: str, runs: int, per_run: int, pause: float) -> None:
 if __name__ == "__main__":
     _write_forever(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
                    float(sys.argv[4]) if len(sys.argv) > 4 else 0.0)
+
+
+def read_terminal(leader: int, quiet_for: float | None = None) -> bytes:
+    """What a pseudo-terminal's other side showed, read from its ``leader`` until
+    the side closes (the process ended), or, with ``quiet_for``, until nothing
+    came for that many seconds."""
+    seen = b""
+    while quiet_for is None or select.select([leader], [], [], quiet_for)[0]:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal closed with the process
+            break
+        if not chunk:
+            break
+        seen += chunk
+    return seen

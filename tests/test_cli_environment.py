@@ -12,7 +12,7 @@ import sys
 
 import apsw
 import pytest
-from _cli_kit import Kit, child_env, run_child, snapshot
+from _cli_kit import child_env, operator_db, run_child, snapshot
 
 from agentrt.store import open_existing
 
@@ -21,12 +21,7 @@ GIB = 1024 * 1024 * 1024
 
 @pytest.fixture
 def ops(tmp_path):
-    kit = Kit(str(tmp_path / "ops.db"))
-    done = kit.completed()
-    waiting = kit.waiting()
-    approval = kit.store.list_approvals(waiting.id)[0]
-    kit.close()
-    return {"db": kit.path, "waiting": waiting.id, "approval": approval.id, "done": done.id}
+    return operator_db(str(tmp_path / "ops.db"))
 
 
 def _agentrt(*args: str, stdin: object = subprocess.DEVNULL, stdout: object = subprocess.PIPE,

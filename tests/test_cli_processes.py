@@ -20,6 +20,7 @@ from _cli_kit import (
     Kit,
     child_env,
     make_runs_db,
+    operator_db,
     run_child,
     snapshot,
 )
@@ -36,13 +37,7 @@ BIG = str(2**63)
 
 @pytest.fixture
 def ops(tmp_path):
-    kit = Kit(str(tmp_path / "ops.db"))
-    done = kit.completed()
-    waiting = kit.waiting()
-    approval = kit.store.list_approvals(waiting.id)[0]
-    kit.close()
-    return {"db": kit.path, "waiting": waiting.id, "approval": approval.id, "done": done.id,
-            "missing": str(tmp_path / "missing.db")}
+    return {**operator_db(str(tmp_path / "ops.db")), "missing": str(tmp_path / "missing.db")}
 
 
 def test_runs_reads_the_database_from_the_environment(ops):

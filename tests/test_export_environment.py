@@ -11,17 +11,16 @@ from __future__ import annotations
 import json
 import os
 import pty
-import select
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import apsw
 import pytest
-from eventdb import REPO_ROOT, add_run, child_env, child_process, make_db
+from eventdb import REPO_ROOT, add_run, child_env, child_process, make_db, read_terminal
+from test_export_processes import one_error_line, wait_for_cursor
 
 from agentrt.store import open_store
 
@@ -35,24 +34,6 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[bytes]:
                           timeout=60)
 
 
-def one_error_line(done: subprocess.CompletedProcess[bytes]) -> str:
-    """The single ``error: ...`` line of a failed run, checked to be just that."""
-    assert done.returncode == 1, done.stderr
-    assert done.stdout == b""
-    assert b"Traceback" not in done.stderr
-    assert done.stderr.startswith(b"error: ") and done.stderr.count(b"\n") == 1, done.stderr
-    return done.stderr.decode()[len("error: "):-1]
-
-
-def wait_for_cursor(path: Path, seq: int, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text() == f"{seq}\n":
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"cursor {path} does not hold {seq} after {timeout}s")
-
-
 def at_a_terminal(*args: str, stdout: object = subprocess.DEVNULL,
                   preexec_fn: object = None) -> tuple[int, bytes]:
     """Run the command with stderr on a pseudo-terminal: (exit code, what it showed)."""
@@ -60,16 +41,8 @@ def at_a_terminal(*args: str, stdout: object = subprocess.DEVNULL,
     proc = subprocess.Popen([*COMMAND, *args], stdout=stdout, stderr=follower_tty,
                             env=child_env(), cwd=REPO_ROOT, preexec_fn=preexec_fn)
     os.close(follower_tty)
-    seen = b""
     try:
-        while True:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # the terminal closed with the process
-                break
-            if not chunk:
-                break
-            seen += chunk
+        seen = read_terminal(leader)
         return proc.wait(timeout=60), seen
     finally:
         os.close(leader)
@@ -148,7 +121,6 @@ def test_a_live_follow_draws_no_progress_past_the_backlog(tmp_path):
                             stdout=subprocess.DEVNULL, stderr=follower_tty, env=child_env(),
                             cwd=REPO_ROOT)
     os.close(follower_tty)
-    seen = b""
     try:
         wait_for_cursor(cursor, 12_000)
         with open_store(db) as writer:
@@ -157,14 +129,7 @@ def test_a_live_follow_draws_no_progress_past_the_backlog(tmp_path):
                 wait_for_cursor(cursor, 12_001 + i)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
-        while select.select([leader], [], [], 0.2)[0]:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # the terminal closed with the process
-                break
-            if not chunk:
-                break
-            seen += chunk
+        seen = read_terminal(leader, quiet_for=0.2)
     finally:
         os.close(leader)
         if proc.poll() is None:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from eventdb import REPO_ROOT, add_run, child_env, child_process, make_db
+from eventdb import REPO_ROOT, add_run, child_env, child_process, make_db, read_terminal
 from store_helpers import file_state, raw, without_file_privileges
 from stress import rounds
 
@@ -396,15 +396,7 @@ def test_a_progress_line_shows_while_a_backlog_drains_at_a_terminal(tmp_path):
     with open(os.devnull, "wb") as sink:
         proc = exporter(db, stdout=sink, stderr=follower_tty)
         os.close(follower_tty)
-        seen = b""
-        while True:
-            try:
-                chunk = os.read(leader, 4096)
-            except OSError:  # the terminal closed with the process
-                break
-            if not chunk:
-                break
-            seen += chunk
+        seen = read_terminal(leader)
         assert proc.wait(timeout=60) == 0
     os.close(leader)
     assert b"exported through seq 12000 of 12000" in seen

@@ -79,9 +79,10 @@ def _read_request(conn: socket.socket) -> None:
 
 
 @contextmanager
-def raw_server(answer: bytes) -> Iterator[int]:
+def raw_server(answer: bytes, taken: list[int] | None = None) -> Iterator[int]:
     """A TCP server on 127.0.0.1 that reads what a client sends, writes
-    ``answer`` (perhaps nothing) and closes, on every connection; yields its port."""
+    ``answer`` (perhaps nothing) and closes, on every connection; yields its
+    port. ``taken`` gets one item per connection it took."""
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(0.1)
     done = threading.Event()
@@ -92,6 +93,8 @@ def raw_server(answer: bytes) -> Iterator[int]:
                 conn, _ = listener.accept()
             except OSError:
                 continue
+            if taken is not None:
+                taken.append(1)
             with conn:
                 conn.settimeout(1)
                 with suppress(OSError):
@@ -109,12 +112,15 @@ def raw_server(answer: bytes) -> Iterator[int]:
 
 
 def outage_lines(db: str, cursor: str, *args: str, marker: bytes,
-                 env: dict[str, str] | None = None) -> list[str]:
-    """Run the command (no OTEL_* variables but ``env``) until ``marker`` is
-    on stderr, stop it with SIGTERM, and return its stderr lines; it must
-    have stopped cleanly without creating the cursor."""
+                 env: dict[str, str] | None = None,
+                 whole_env: dict[str, str] | None = None) -> list[str]:
+    """Run the command (no OTEL_* variables but ``env``; or in ``whole_env``)
+    until ``marker`` is on stderr, stop it with SIGTERM, and return its stderr
+    lines; it must have stopped cleanly without creating the cursor."""
     full = {k: v for k, v in child_env().items() if not k.startswith("OTEL_")}
     full.update(env or {})
+    if whole_env is not None:
+        full = whole_env
     with child_process([sys.executable, "-m", "agentrt_export.cli", "otel", "--db", db,
                         *args, "--cursor-file", cursor], full) as proc:
         seen = _stderr_until(proc, marker)

@@ -4,19 +4,18 @@ system-wide, as they are on many hosts and images."""
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
 from eventdb import child_env, child_process
 from otlp_receivers import GrpcReceiver, HttpReceiver
-from test_otel_cli import _stderr_until, expected_keys, received_keys, scenario_db
+from test_otel_cli import expected_keys, received_keys, scenario_db
+from test_otel_config_cli import outage_lines as stopped_at_outage
 from test_otel_config_cli import raw_server
 
 #: Every variable requests or gRPC reads a proxy from, and those that exempt a host.
@@ -34,47 +33,19 @@ def clean_env(**variables: str) -> dict[str, str]:
 
 
 def outage_lines(db: str, cursor: str, endpoint: str, env: dict[str, str]) -> list[str]:
-    """Run the command until its outage line, stop it with SIGTERM, and return
-    its stderr lines; it must have stopped cleanly without creating the cursor."""
-    with child_process([sys.executable, "-m", "agentrt_export.cli", "otel", "--db", db,
-                        "--endpoint", endpoint, "--cursor-file", cursor], env) as proc:
-        seen = _stderr_until(proc, b"failed (")
-        proc.send_signal(signal.SIGTERM)
-        _, rest = proc.communicate(timeout=30)
-    err = (seen + rest).decode()
-    assert proc.returncode == 0, err
-    assert "Traceback" not in err
-    assert not os.path.exists(cursor)
-    return err.splitlines()
+    """The command's stderr lines up to its outage line, run in ``env``."""
+    return stopped_at_outage(db, cursor, "--endpoint", endpoint, marker=b"failed (",
+                             whole_env=env)
 
 
 @contextmanager
 def counting_proxy() -> Iterator[tuple[int, list[int]]]:
     """A TCP listener on 127.0.0.1 standing for a proxy that cannot reach this
-    machine's loopback: it takes each connection and closes it. Yields its
-    port and a list holding one item per connection it took."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    listener.settimeout(0.1)
+    machine's loopback: it closes each connection. Yields its port and a list
+    holding one item per connection it took."""
     taken: list[int] = []
-    done = threading.Event()
-
-    def serve() -> None:
-        while not done.is_set():
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                continue
-            taken.append(1)
-            conn.close()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield listener.getsockname()[1], taken
-    finally:
-        done.set()
-        thread.join(5)
-        listener.close()
+    with raw_server(b"", taken) as port:
+        yield port, taken
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
