@@ -18,7 +18,7 @@ from datetime import datetime
 
 from agentrt.driver.checks import check_text
 from agentrt.driver.errors import ConfigError
-from agentrt.driver.loop import apply, evaluate, resume_run
+from agentrt.driver.loop import apply, evaluate, require_latest, resume_run
 from agentrt.driver.session import WAITING, Session, StepEnd, observation
 from agentrt.driver.tools import check_args
 from agentrt.errors import (
@@ -125,14 +125,20 @@ def _finished(tx: Tx, run_id: str, at: datetime, status: str, reason: str, detai
 
 def expire(store: Store, observer: Observer | None, a: Approval, now: datetime) -> Run:
     """The approval (pending, or an approved grant past its grant TTL) expires and
-    the waiting run is cancelled as approval_expired."""
+    the waiting run is cancelled as approval_expired.
+
+    The run moves first: a caller that lost the race to expire it (a concurrent
+    resume or decision) is told the run is no longer waiting, as any later call is.
+    """
     detail = f"approval {a.id} expired"
     with store.tx(observer) as tx:
+        transition(tx, a.run_id, WAITING, RunStatus.CANCELLED.value,
+                   reason=Reason.APPROVAL_EXPIRED.value, detail=detail, finished_at=now)
+        if a.status == ApprovalStatus.APPROVED:  # a grant read before a later pause
+            require_latest(tx, a, a.status)
         pending = a.status == ApprovalStatus.PENDING
         if not expire_approval(tx, a.id, a.status, now if pending else None):
             raise NotPendingError(f"approval {a.id} is no longer {a.status}")
-        transition(tx, a.run_id, WAITING, RunStatus.CANCELLED.value,
-                   reason=Reason.APPROVAL_EXPIRED.value, detail=detail, finished_at=now)
         tx.append(a.run_id, a.step_id, now, EventType.APPROVAL_DECIDED.value,
                   {"approval_id": a.id, "status": ApprovalStatus.EXPIRED.value})
         run = _finished(tx, a.run_id, now, RunStatus.CANCELLED.value,

@@ -49,6 +49,7 @@ from agentrt.events import EventType
 from agentrt.gojson import Raw, encode_string, sorted_map
 from agentrt.records import (
     Approval,
+    ApprovalStatus,
     Decision,
     DecisionKind,
     ObservationKind,
@@ -524,9 +525,25 @@ def apply(
                     end=end, pre=pre, spec_entry=entry)
 
 
+def require_latest(tx: Any, a: Approval, status: str) -> None:
+    """Inside a transaction: ``a`` must still be its step's latest approval, with
+    ``status`` (RunStateError): what a resumer read may since have been replaced."""
+    latest = tx.one("SELECT id, status FROM approvals WHERE step_id = ? ORDER BY rowid DESC "
+                    "LIMIT 1", (a.step_id,))
+    if latest is None or (str(latest[0]), str(latest[1])) != (a.id, status):
+        raise RunStateError(f"approval {a.id} is no longer the latest {status} approval of "
+                            f"step {a.step_id}: a later pause of the step replaced it")
+
+
 def resume_run(s: Session, grant: Approval, resumed_at: Any, wall_at: Any, tx: Any) -> None:
     """Inside a transaction: the approved WAITING run becomes RUNNING under this
-    session's lease, with ``run.resumed`` naming the grant."""
+    session's lease, with ``run.resumed`` naming the grant.
+
+    The grant must still be the step's latest approval, and approved: a slower
+    resumer that read it before another process paused the step again (a new
+    approval, the run WAITING as before) would otherwise act on a replaced
+    grant, and run the tool a second time that no one approved."""
+    require_latest(tx, grant, ApprovalStatus.APPROVED.value)
     transition(tx, s.run_id, WAITING, RunStatus.RUNNING.value, lease_owner=s.core.owner,
                lease_expires=wall_at + s.core.lease_ttl)
     s.append(tx, grant.step_id, resumed_at, EventType.RUN_RESUMED, {"approval_id": grant.id})
