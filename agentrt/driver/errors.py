@@ -78,7 +78,9 @@ def _retry_after(value: object) -> timedelta | None:
     if value is None or isinstance(value, timedelta):
         return value
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return timedelta(seconds=min(value, _LONGEST_RETRY_AFTER.total_seconds()))
+        # Clamped both ways: a huge negative one overflowed timedelta (a wait in
+        # the past is no wait), a huge one the thread's wait.
+        return timedelta(seconds=min(max(value, 0), _LONGEST_RETRY_AFTER.total_seconds()))
     raise TypeError(f"TransientError retry_after is {described(value)}, "
                     "not a timedelta or a number of seconds")
 

@@ -35,6 +35,7 @@ from agentrt.driver.errors import (
     ServedError,
     TransientError,
     UnusableUsageError,
+    _retry_after,
 )
 from agentrt.driver.lease import Lease, WallClock
 from agentrt.driver.worker import call_in_thread
@@ -295,6 +296,36 @@ def _model_name(model: Model) -> str:
     return name
 
 
+def _bad_request(request: ModelRequest, exc: Exception) -> str:
+    """Why a request cannot be encoded (so estimated, or sent), naming the field,
+    rather than the encoder's ``'dict' object has no attribute 'to_json'``."""
+    messages: object = request.messages
+    if not isinstance(messages, (list, tuple)):
+        return f"request messages is {described(messages)}, not a list of Message"
+    for i, m in enumerate(messages):
+        if not isinstance(m, Message):
+            return f"request messages[{i}] is {described(m)}, not a Message"
+        for name in ("role", "content"):
+            if not isinstance(getattr(m, name), str):
+                return (f"request messages[{i}] {name} is {described(getattr(m, name))}, "
+                        "not a str")
+    for name, kind in (("system", str), ("tools", list)):
+        if not isinstance(getattr(request, name), kind):
+            return f"request {name} is {described(getattr(request, name))}, not a {kind.__name__}"
+    return f"the request cannot be encoded: {exception_text(exc)}"
+
+
+def _transient_retry_after(exc: TransientError) -> timedelta | None | str:
+    """The error's Retry-After, or why it is unusable. Read as the constructor
+    reads it: a subclass may skip ``__init__`` or set ``retry_after`` itself (to
+    seconds, or a header's text), which would otherwise fail the retry loop
+    after the attempt was recorded, or leave its row dispatched."""
+    try:
+        return _retry_after(getattr(exc, "retry_after", None))
+    except (TypeError, OverflowError) as bad:
+        return exception_text(bad)
+
+
 class ModelCaller:
     """The model as one step's agent sees it; safe to call from several threads."""
 
@@ -361,7 +392,10 @@ class ModelCaller:
         if per_call > 0 and (cap <= 0 or cap > per_call):
             request = replace(request, max_output_tokens=per_call)
             cap = per_call
-        estimate = Usage(estimate_input_tokens(request), max(cap, 0))
+        try:
+            estimate = Usage(estimate_input_tokens(request), max(cap, 0))
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise ConfigError(_bad_request(request, exc)) from exc
         estimate_cost = cost_micros(self._price, estimate)
         attempts = self._config.max_retries + 1
         last = ""
@@ -501,7 +535,12 @@ class ModelCaller:
             token.cancel("deadline exceeded")
         completed_at = self._now()
         latency = max(int((completed_at - dispatched_at) / timedelta(milliseconds=1)), 0)
-        result = self._classify(attempt, out, estimate, estimate_cost)
+        try:
+            result = self._classify(attempt, out, estimate, estimate_cost)
+        except Exception as exc:  # noqa: BLE001 - a hostile reply; the row must not stay dispatched
+            text = raised_text("reading the model's reply", exc)
+            result = _Attempt(ModelCallStatus.ERROR.value, estimate, estimate_cost, text,
+                              raise_=ModelUnavailableError(attempt, text))
         self._record(call_id, attempt, result, latency, completed_at, reservation)
         return result
 
@@ -546,7 +585,9 @@ class ModelCaller:
             return _Attempt(error, estimate, estimate_cost, text,
                             raise_=ModelUnavailableError(attempt, text))
         if isinstance(exc, ServedError):
-            served: object = exc.usage
+            # getattr: a subclass that skips ServedError.__init__ has no usage; it
+            # was still served, so it is charged the estimate, not left dispatched.
+            served: object = getattr(exc, "usage", None)
             if isinstance(served, Usage) and not _unusable(served):
                 usage = _charged(served)
                 cost = cost_micros(self._price, usage)
@@ -560,7 +601,12 @@ class ModelCaller:
         if isinstance(exc, _CONNECTION_LOST):
             return _Attempt(ambiguous, estimate, estimate_cost, text, retry=True)
         if isinstance(exc, TransientError):
-            return _Attempt(error, Usage(), 0, text, retry=True, retry_after=exc.retry_after)
+            after = _transient_retry_after(exc)
+            if isinstance(after, str):
+                text = f"{text} ({after})"
+                return _Attempt(error, Usage(), 0, text,
+                                raise_=ModelUnavailableError(attempt, text))
+            return _Attempt(error, Usage(), 0, text, retry=True, retry_after=after)
         return _Attempt(error, Usage(), 0, text, raise_=ModelUnavailableError(attempt, text))
 
     def _record(self, call_id: str, attempt: int, result: _Attempt, latency: int,
