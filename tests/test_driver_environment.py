@@ -8,6 +8,7 @@ import sys
 import textwrap
 import threading
 import time
+from datetime import timedelta
 
 import apsw
 import pytest
@@ -168,3 +169,34 @@ def test_a_tool_outcome_too_large_to_store_is_a_recorded_tool_error_and_the_run_
         "step.policy", "step.tool_started", "step.tool_finished", "step.failed"]
     assert store.verify_events(0, 0).broken is None
     assert os.path.getsize(str(tmp_path / "big.db")) < 1_000_000
+
+
+def test_a_tool_does_not_start_on_a_lease_that_ran_out_while_waiting_for_the_write_lock(
+        tmp_path):
+    """The tool-start check read the wall clock before BEGIN IMMEDIATE, which may
+    wait the 5 s busy timeout for another writer: a short lease could run out in
+    that wait, and the tool start on it. Here the wait "takes" an hour."""
+    from agentrt.driver import PolicyFunc
+    from agentrt.driver.lease import wall_now
+    from agentrt.errors import LeaseLostError
+    from agentrt.records import PolicyDecision
+
+    store = open_store(str(tmp_path / "lock.db"))
+    ran: list[str] = []
+    waited = threading.Event()
+
+    def wall():
+        late = waited.is_set() and store.db().in_transaction
+        return wall_now() + (timedelta(hours=1) if late else timedelta(0))
+
+    def rule(view, request):
+        waited.set()  # the next transaction is the tool start's: its lock wait is long
+        return PolicyDecision.allow("fine")
+
+    d = Driver(store, AgentFunc(lambda step: call("work")), PolicyFunc(rule),
+               [FuncTool("work", lambda c: ran.append("work") or ToolResult(b"{}", "ok"),
+                         side_effect="read_only", timeout=5)], wall=wall)
+    with pytest.raises(LeaseLostError):
+        d.start("g", limits(), run_id="r")
+    assert ran == []
+    assert [s.status for s in store.list_steps("r")] == ["deciding"]

@@ -575,7 +575,6 @@ def execute(s: Session, step: Step, expected: tuple[str, ...], request: ToolRequ
 
     ``step`` is :func:`apply`'s own copy, which becomes the executing step."""
     core = s.core
-    wall_at = core.wall()
     start_at = core.now() if grant is not None else policy_at
     executing = step
     executing.status = EXECUTING[0]
@@ -585,6 +584,9 @@ def execute(s: Session, step: Step, expected: tuple[str, ...], request: ToolRequ
         {"args": Raw(request.args), "tool": request.spec.name} if grant is None
         else {"approval_id": grant.id, "args": Raw(request.args), "tool": request.spec.name})
     with s.tx() as tx:
+        # Read once the write lock is held: BEGIN IMMEDIATE may wait up to the
+        # busy timeout, and the tool must not start on a lease that ran out meanwhile.
+        wall_at = core.wall()
         if grant is not None:
             resume_run(s, grant, policy_at, wall_at, tx)
         else:
