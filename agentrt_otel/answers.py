@@ -206,14 +206,9 @@ def checked_http_session(on_rejected: OnRejected = say_rejected,
                 response = super().send(request, **kwargs)
             except requests.exceptions.Timeout:
                 raise  # "no answer within the export timeout" says it
-            except requests.exceptions.InvalidSchema as err:
-                if not proxy:
-                    raise
-                # A socks:// proxy without PySocks: "Missing dependencies for SOCKS support."
-                socks = f"{str(err).rstrip('.')} ({_through(request.url, proxy)})"
-                _attempts.warning("%s", socks)
-                raise type(err)(socks, request=request) from err
-            except requests.exceptions.ConnectionError as err:
+            except (requests.exceptions.ConnectionError, requests.exceptions.InvalidSchema) as err:
+                if isinstance(err, requests.exceptions.InvalidSchema) and not proxy:
+                    raise  # a socks:// proxy without PySocks is the one InvalidSchema said here
                 said = sentence(err)
                 if proxy:
                     said = f"{said or _proxy_cause(err)} ({_through(request.url, proxy)})"

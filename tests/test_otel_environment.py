@@ -124,3 +124,17 @@ def test_a_proxy_the_no_proxy_variable_exempts_the_collector_from_is_not_named(t
                          clean_env(HTTP_PROXY="http://127.0.0.1:9", NO_PROXY="collector.invalid"))
     began = [line for line in lines if "failed (" in line]
     assert len(began) == 1 and "proxy" not in began[0], lines
+
+
+def test_a_socks_proxy_requests_cannot_use_is_named_with_the_proxy(tmp_path):
+    # Without PySocks, requests says only "Missing dependencies for SOCKS support."
+    db, cursor = str(tmp_path / "runs.db"), str(tmp_path / "cursor")
+    scenario_db(db)
+    lines = outage_lines(db, cursor, "http://collector.invalid:4318",
+                         clean_env(ALL_PROXY="socks5://127.0.0.1:9"))
+    began = [line for line in lines if "failed (" in line]
+    assert began == [
+        "otel: exporting 20 spans failed (http://collector.invalid:4318/v1/traces: Missing "
+        "dependencies for SOCKS support. (through the proxy socks5://127.0.0.1:9 from ALL_PROXY; "
+        "list the collector's host in NO_PROXY to send directly)); retrying with backoff, the "
+        "cursor stays before this page"], lines
