@@ -12,9 +12,12 @@ judged lazily, when the approval is next touched, by the caller's clock.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime
+
+import apsw
 
 from agentrt.driver.checks import check_text
 from agentrt.driver.errors import ConfigError
@@ -54,8 +57,8 @@ from agentrt.store.writes import (
     transition,
 )
 
-__all__ = ["check_operator", "check_shown", "decide", "expire", "resume_approved",
-           "verify_hash"]
+__all__ = ["check_operator", "check_shown", "decide", "expire", "refusing_too_big",
+           "resume_approved", "verify_hash"]
 
 
 def check_operator(run_id: object, by: object, note: object,
@@ -66,6 +69,19 @@ def check_operator(run_id: object, by: object, note: object,
     check_text("approval_id", approval_id)
     check_text("by", by, blank="a decision must name who made it")
     check_text("note", note)
+
+
+@contextmanager
+def refusing_too_big(action: str, by: str, note: str) -> Iterator[None]:
+    """Around an operator's transaction: a ``by`` or ``note`` SQLite cannot hold
+    (past its length limit) is refused in one sentence, the transaction rolled back,
+    where it raised apsw.TooBigError."""
+    try:
+        yield
+    except apsw.TooBigError as exc:
+        name, value = ("note", note) if len(note) >= len(by) else ("by", by)
+        raise ConfigError(f"{action}: {name} is {len(value)} characters, too large to store "
+                          f"({exc}); nothing was changed") from None
 
 
 def check_shown(shown_hash: object) -> str:
@@ -177,7 +193,8 @@ def decide(
         expire(store, observer, a, now)
         raise ApprovalExpiredError(_expired_text(a))
     status = ApprovalStatus.APPROVED.value if approve else ApprovalStatus.REJECTED.value
-    with store.tx(observer) as tx:
+    action = f"{'approve' if approve else 'reject'} approval {approval_id}"
+    with refusing_too_big(action, by, note), store.tx(observer) as tx:
         state = tx.one("SELECT status FROM runs WHERE id = ?", (run_id,))
         if state is None or state[0] != RunStatus.WAITING_FOR_APPROVAL:
             current = state[0] if state is not None else "gone"

@@ -11,8 +11,11 @@ from __future__ import annotations
 import inspect
 import math
 import threading
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
+
+import apsw
 
 from agentrt.driver.errors import ConfigError
 from agentrt.errors import described
@@ -29,6 +32,8 @@ __all__ = [
     "check_int",
     "check_method",
     "check_text",
+    "clipped",
+    "fit",
     "wait_duration",
 ]
 
@@ -147,3 +152,28 @@ def close_if_coroutine(value: object) -> None:
     some later, unrelated moment."""
     if inspect.iscoroutine(value):
         value.close()
+
+
+#: How many characters of a text too large to store are kept.
+CLIP = 1000
+
+_T = TypeVar("_T")
+
+
+def clipped(text: str) -> str:
+    """The start of a consumer's text too large to store, saying how long it was."""
+    if len(text) <= CLIP:
+        return text
+    return f"{text[:CLIP]}... ({len(text)} characters in all: too large to store)"
+
+
+def fit(write: Callable[[str], _T], text: str) -> _T:
+    """``write(text)``; when SQLite cannot hold that much (past its length limit),
+    ``write`` with the text clipped, so the record says what it can rather than
+    nothing at all."""
+    try:
+        return write(text)
+    except apsw.TooBigError:
+        if len(text) <= CLIP:
+            raise
+    return write(clipped(text))

@@ -27,6 +27,7 @@ from agentrt.driver.checks import (
     check_callable,
     check_method,
     check_text,
+    clipped,
     wait_duration,
 )
 from agentrt.driver.core import (
@@ -39,7 +40,7 @@ from agentrt.driver.core import (
 )
 from agentrt.driver.errors import ConfigError
 from agentrt.driver.lease import Lease, WallClock, lease_owner_id, wall_now
-from agentrt.driver.loop import run_loop
+from agentrt.driver.loop import run_loop, too_big_text
 from agentrt.driver.model import ModelConfig
 from agentrt.driver.operator import cancel_run
 from agentrt.driver.policy import IdentifiedPolicy, Policy
@@ -55,6 +56,7 @@ from agentrt.records import (
     Limits,
     Run,
     RunStatus,
+    ToolSpec,
     default_limits,
 )
 from agentrt.store import Store
@@ -248,15 +250,21 @@ class Driver:
         with s.tx() as tx:
             try:
                 insert_run(tx, run, limits_json, core.owner, wall_at + core.lease_ttl)
+            except apsw.TooBigError as exc:
+                raise ConfigError(_too_big_start(s, goal, entries, exc)) from None
             except apsw.ConstraintError as exc:
                 raise ConfigError(f"start run: {exc}") from exc
-            for _, spec_hash, text in entries:
-                s.put_spec(tx, spec_hash, text)
-            s.append(tx, "", now, EventType.RUN_CREATED, sorted_map({
-                "goal": goal,
-                "limits": Raw(limits_json),
-                "tools": [spec_hash for _, spec_hash, _ in entries],
-            }))
+            try:
+                for _, spec_hash, text in entries:
+                    s.put_spec(tx, spec_hash, text)
+                s.append(tx, "", now, EventType.RUN_CREATED, sorted_map({
+                    "goal": goal,
+                    "limits": Raw(limits_json),
+                    "tools": [spec_hash for _, spec_hash, _ in entries],
+                }))
+            except apsw.TooBigError as exc:
+                s.specs_written.clear()  # rolled back with the run
+                raise ConfigError(_too_big_start(s, goal, entries, exc)) from None
             s.append(tx, "", now, EventType.RUN_STARTED, {})
         s.lease.start(wall_at)
         s.steps, s.approvals = [], []
@@ -269,6 +277,8 @@ class Driver:
             done = first(s)
         except EncodeError as exc:
             return s.fail_internal(str(exc), from_)
+        except apsw.TooBigError as exc:
+            return s.fail_internal(too_big_text(exc), from_)
         return done if done is not None else run_loop(s)
 
     @contextmanager
@@ -343,6 +353,19 @@ class Driver:
     def cancel(self, run_id: str, by: str, note: str = "") -> Run:
         core = self._core
         return cancel_run(core.store, core.observer, core.now, run_id, by, note)
+
+
+def _too_big_start(s: Session, goal: str, entries: Sequence[tuple[ToolSpec, str, bytes]],
+                   exc: apsw.TooBigError) -> str:
+    """Why a run could not be created: the largest of what it records, too large to
+    store (nothing was written)."""
+    sizes = [(len(goal.encode("utf-8", "replace")), "the goal"),
+             (len(s.run_id.encode("utf-8", "replace")), "the run id"),
+             (len(s.core.owner.encode("utf-8", "replace")), "the lease owner")]
+    sizes += [(len(text), f"the spec of tool {clipped(spec.name)!r}") for spec, _, text in entries]
+    size, what = max(sizes)
+    return (f"start run: {what} ({size} bytes) is too large to store ({exc}); "
+            "nothing was written")
 
 
 def _call_token(cancel: CancelToken | None) -> tuple[CancelToken, threading.Timer | None]:

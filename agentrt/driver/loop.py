@@ -18,7 +18,7 @@ import apsw
 
 from agentrt.canonical import check_and_forms, check_json
 from agentrt.driver.agent import StepInput
-from agentrt.driver.checks import close_if_coroutine
+from agentrt.driver.checks import clipped, close_if_coroutine, fit
 from agentrt.driver.core import policy_form
 from agentrt.driver.errors import CancelledError, LimitError, ModelUnavailableError, find_cause
 from agentrt.driver.limits import check_before_step
@@ -99,10 +99,17 @@ def run_loop(s: Session) -> Run:
             result = _iteration(s)
         except EncodeError as exc:
             return s.fail_internal(str(exc), RUNNING)
+        except apsw.TooBigError as exc:
+            return s.fail_internal(too_big_text(exc), RUNNING)
         except (RunStateError, LeaseLostError) as exc:
             return s.lost(exc)
         if result is not None:
             return result
+
+
+def too_big_text(exc: apsw.TooBigError) -> str:
+    """Why a write failed past SQLite's length limit, where no narrower cause is known."""
+    return f"a value given to the driver is too large to store ({exc})"
 
 
 def _iteration(s: Session) -> Run | None:
@@ -234,12 +241,15 @@ def _agent_failed(s: Session, step: Step, exc: Exception) -> Run | None:
         reason = Reason.MODEL_UNAVAILABLE.value
     else:
         reason = Reason.AGENT_ERROR.value
-    text = exception_text(exc)
-    end = StepEnd(evolve(step, status=StepStatus.FAILED.value), DECIDING,
-                  detail=f"agent error: {text}")
-    ending = Ending(RunStatus.FAILED.value, reason, text,
-                    limit=reason != Reason.AGENT_ERROR.value)
-    return s.settle(RUNNING, ending, end=end)
+    failed = evolve(step, status=StepStatus.FAILED.value)
+
+    def settle(text: str) -> Run:
+        end = StepEnd(evolve(failed), DECIDING, detail=f"agent error: {text}")
+        ending = Ending(RunStatus.FAILED.value, reason, text,
+                        limit=reason != Reason.AGENT_ERROR.value)
+        return s.settle(RUNNING, ending, end=end)
+
+    return fit(settle, exception_text(exc))
 
 
 # -- the decision --------------------------------------------------------------
@@ -300,6 +310,36 @@ def _normalise(decision: Decision) -> tuple[Decision, Decision, str | None, Args
     return original, recorded, args_problem, forms
 
 
+def _record_decision(s: Session, step: Step, recorded: Decision, entry: SpecEntry,
+                     now: Any) -> Step:
+    """Transaction #2: the decision as recorded, its tool's spec, ``step.decided``."""
+    new = evolve(step, decision=recorded, spec_hash=entry[0])
+    with s.tx() as tx:
+        stored = s.write_step(tx, new, DECIDING, running=True)
+        s.put_spec(tx, *entry)
+        s.append(tx, step.id, now, _STEP_DECIDED, s.decision_json().encode("utf-8"))
+    return stored
+
+
+def _unstorable_decision(s: Session, step: Step, recorded: Decision, entry: SpecEntry,
+                         now: Any, exc: apsw.TooBigError) -> tuple[Step, str]:
+    """(the step, why it is invalid) for a decision SQLite cannot hold (past its
+    length limit): it is recorded with its kind, tool and origin only (or, if even
+    those are too large, as an empty decision), and is an invalid decision that
+    says so; unrecorded, it raised out of the loop with the step left deciding."""
+    s.specs_written.discard(entry[0])  # its put may have been rolled back
+    size = len(encode(recorded.to_json()))
+    problem = f"the decision ({size} bytes as JSON) is too large to store ({exc})"
+    if len(entry[1]) > size:
+        problem = (f"the spec of tool {_q(clipped(recorded.tool))} ({len(entry[1])} bytes) "
+                   f"is too large to store ({exc})")
+    try:
+        kept = Decision(recorded.kind, recorded.tool, origin=recorded.origin)
+        return _record_decision(s, step, kept, ("", b""), now), problem
+    except apsw.TooBigError:
+        return _record_decision(s, step, Decision(""), ("", b""), now), problem
+
+
 def _invalid(d: Decision, validator: Any, args_problem: str | None, spec_problem: str,
              registered: bool) -> str | None:
     if d.origin not in _ORIGINS:
@@ -348,12 +388,13 @@ def _propose(s: Session, run: Run, step: Step, decision: Decision,
         spec, spec_hash, text, validator = found
         entry = (spec_hash, text)
     now = core.now()
-    new = evolve(step, decision=recorded, spec_hash=entry[0])
-    with s.tx() as tx:
-        stored = s.write_step(tx, new, DECIDING, running=True)
-        s.put_spec(tx, *entry)
-        s.append(tx, step.id, now, _STEP_DECIDED, s.decision_json().encode("utf-8"))
-    problem = _invalid(original, validator, args_problem, spec_problem, found is not None)
+    problem: str | None
+    try:
+        stored = _record_decision(s, step, recorded, entry, now)
+    except apsw.TooBigError as exc:
+        stored, problem = _unstorable_decision(s, step, recorded, entry, now, exc)
+    else:
+        problem = _invalid(original, validator, args_problem, spec_problem, found is not None)
     if problem is not None:
         obs = observation(ObservationKind.INVALID_DECISION.value, {"error": problem},
                           f"invalid decision: {problem}")
@@ -473,10 +514,48 @@ def apply(
                   started_at=resumed_at if grant is not None else step.started_at)
     if perr is not None or pd is None:
         text = exception_text(perr) if perr is not None else "None"
-        end = StepEnd(evolve(step, status=StepStatus.FAILED.value), expected,
-                      detail=f"policy error: {text}")
+        return _policy_failed(s, step, expected, from_, text)
+    try:
+        return _rule(s, step, expected, request, pd, view, entry, grant, resumed_at)
+    except apsw.TooBigError as exc:
+        # Raised before the tool started (an outcome too large is a tool error).
+        s.specs_written.discard(entry[0])  # its put may have been rolled back
+        size = _ruling_size(pd, core.policy_id, entry[0], view)
+        return _policy_failed(s, step, expected, from_,
+                              f"the ruling ({size} bytes as JSON) is too large to store ({exc})",
+                              entry)
+
+
+def _ruling_size(pd: PolicyDecision, policy_id: str, spec_hash: str, view: RunView) -> int:
+    """The bytes of ``step.policy`` for the ruling (without capability and presentation
+    when they are not JSON: that ruling is recorded without them)."""
+    try:
+        return len(policy_event(pd, policy_id, spec_hash, view))
+    except EncodeError:
+        reduced = PolicyDecision(pd.outcome, pd.reason, pd.kind)
+        return len(policy_event(reduced, policy_id, spec_hash, view))
+
+
+def _policy_failed(s: Session, step: Step, expected: tuple[str, ...], from_: tuple[str, ...],
+                   text: str, entry: SpecEntry = ("", b"")) -> Run:
+    """A policy error: the run fails as internal_error, the step with it, and no
+    ``step.policy`` is written; an error text too large to store is clipped."""
+    failed = evolve(step, policy=None, status=StepStatus.FAILED.value)
+
+    def settle(text: str) -> Run:
+        end = StepEnd(evolve(failed), expected, detail=f"policy error: {text}")
         return s.settle(from_, Ending(RunStatus.FAILED.value, Reason.INTERNAL_ERROR.value,
-                                      f"policy: {text}"), end=end)
+                                      f"policy: {text}"), end=end, spec_entry=entry)
+
+    return fit(settle, text)
+
+
+def _rule(s: Session, step: Step, expected: tuple[str, ...], request: ToolRequest,
+          pd: PolicyDecision, view: RunView, entry: SpecEntry, grant: Approval | None,
+          resumed_at: Any) -> Run | None:
+    """:func:`apply` for a ruling the policy gave."""
+    core = s.core
+    from_ = WAITING if grant is not None else RUNNING
     policy_at = resumed_at if grant is not None else core.now()
     parts = (() if pd.capability is None and pd.presentation is None  # allow, deny: none
              else (("capability", pd.capability), ("presentation", pd.presentation)))
@@ -603,7 +682,8 @@ def execute(s: Session, step: Step, expected: tuple[str, ...], request: ToolRequ
     return _record_tool(s, stored, request.spec, outcome)
 
 
-def _record_tool(s: Session, step: Step, spec: ToolSpec, outcome: ToolOutcome) -> Run | None:
+def _record_tool(s: Session, step: Step, spec: ToolSpec, outcome: ToolOutcome, *,
+                 first: bool = True) -> Run | None:
     """Record the outcome whatever the caller's cancellation says; after an
     operator's cancel, append it late instead."""
     obs = outcome.observation
@@ -626,7 +706,9 @@ def _record_tool(s: Session, step: Step, spec: ToolSpec, outcome: ToolOutcome) -
         else:
             s.end_step(end, detached=True)
     except apsw.TooBigError as exc:
-        return _record_tool(s, step, spec, _too_big(spec, outcome, exc))
+        if not first:
+            raise
+        return _record_tool(s, step, spec, _too_big(spec, outcome, exc), first=False)
     except RunLeasedError as exc:
         raise LeaseLostError(exc.detail) from exc
     except RunStateError as exc:
@@ -641,15 +723,17 @@ def _too_big(spec: ToolSpec, outcome: ToolOutcome, exc: apsw.TooBigError) -> Too
     """An outcome SQLite cannot hold (past its length limit) as a tool error saying so:
     unrecorded, the step stayed executing and a resume asked whether the tool ran."""
     obs = outcome.observation
-    size = len(obs.content or b"")
+    size = len(obs.content or b"") + len(obs.summary.encode("utf-8", "surrogatepass"))
     error = f"the tool's outcome ({size} bytes of {obs.kind}) is too large to store: {exc}"
     too_big = observation(ObservationKind.TOOL_ERROR.value, {
         "error": error, "failure": "invalid_content", "tool": spec.name},
         f"{spec.name} returned {error}")
-    return ToolOutcome(too_big, outcome.duration_ms, cancelled=outcome.cancelled)
+    abort = clipped(outcome.abort) if outcome.abort is not None else None
+    return ToolOutcome(too_big, outcome.duration_ms, abort=abort, cancelled=outcome.cancelled)
 
 
-def _record_late(s: Session, step: Step, spec: ToolSpec, outcome: ToolOutcome) -> Run | None:
+def _record_late(s: Session, step: Step, spec: ToolSpec, outcome: ToolOutcome, *,
+                 first: bool = True) -> Run | None:
     """An operator cancelled the run while the tool ran: the run stays cancelled and
     the step keeps what the cancel wrote, and the tool's outcome is appended after
     ``run.finished`` as a late ``step.tool_finished``."""
@@ -665,10 +749,16 @@ def _record_late(s: Session, step: Step, spec: ToolSpec, outcome: ToolOutcome) -
     if obs.kind == ObservationKind.TOOL_RESULT:
         payload["summary"] = obs.summary
         payload["content_hash"] = obs.content_hash
-    with core.store.tx(core.observer) as tx:
-        row = tx.one("SELECT status, reason FROM runs WHERE id = ?", (s.run_id,))
-        if row is None or (str(row[0]), str(row[1])) != (
-                RunStatus.CANCELLED.value, Reason.OPERATOR_CANCELLED.value):
-            return None
-        tx.append(s.run_id, step.id, at, EventType.STEP_TOOL_FINISHED.value, sorted_map(payload))
+    try:
+        with core.store.tx(core.observer) as tx:
+            row = tx.one("SELECT status, reason FROM runs WHERE id = ?", (s.run_id,))
+            if row is None or (str(row[0]), str(row[1])) != (
+                    RunStatus.CANCELLED.value, Reason.OPERATOR_CANCELLED.value):
+                return None
+            tx.append(s.run_id, step.id, at, EventType.STEP_TOOL_FINISHED.value,
+                      sorted_map(payload))
+    except apsw.TooBigError as exc:  # appended as the tool error saying so, as on time
+        if not first:
+            raise
+        return _record_late(s, step, spec, _too_big(spec, outcome, exc), first=False)
     return s.reload()

@@ -19,12 +19,15 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
+import apsw
+
 from agentrt.driver.cancel import CancelToken
 from agentrt.driver.checks import (
     MAX_WAIT,
     check_int,
     check_method,
     close_if_coroutine,
+    fit,
     wait_duration,
 )
 from agentrt.driver.errors import (
@@ -520,6 +523,10 @@ class ModelCaller:
             raise
         except (RunStateError, NotFoundError) as exc:  # another owner, or the run ended
             raise LeaseLostError(f"run {self._run_id}: {exc}") from exc
+        except apsw.TooBigError as exc:  # nothing was written: only the name is the model's
+            raise ModelUnavailableError(attempt, (
+                f"the model's name ({len(self._name)} characters) is too large to store "
+                f"({exc})")) from None
         token = self._cancel.child(timeout=self._config.call_timeout.total_seconds())
         model = self._model
         try:
@@ -619,21 +626,27 @@ class ModelCaller:
         u = result.usage
         kind = (EventType.MODEL_COMPLETED if result.status == ModelCallStatus.OK
                 else EventType.MODEL_FAILED)
-        payload = sorted_map({
-            "attempt": attempt,
-            "call_id": call_id,
-            "cost_micros": result.cost,
-            "error": result.error,
-            "latency_ms": latency,
-            "model": self._name,
-            "status": result.status,
-            "usage": u.to_json(),
-        })
-        with self._store.tx(self._observer, own_writes=True) as tx:
-            finish_model_call(tx, call_id, result.status, u.input_tokens, u.output_tokens,
-                              u.cached_input_tokens, result.cost, latency, result.error,
-                              completed_at)
-            add_model_totals(tx, self._run_id, u.input_tokens, u.output_tokens,
-                             u.cached_input_tokens, result.cost)
-            tx.append(self._run_id, self._step_id, completed_at, kind.value, payload)
-            self._release(reservation)
+
+        def write(error: str) -> None:
+            payload = sorted_map({
+                "attempt": attempt,
+                "call_id": call_id,
+                "cost_micros": result.cost,
+                "error": error,
+                "latency_ms": latency,
+                "model": self._name,
+                "status": result.status,
+                "usage": u.to_json(),
+            })
+            with self._store.tx(self._observer, own_writes=True) as tx:
+                finish_model_call(tx, call_id, result.status, u.input_tokens, u.output_tokens,
+                                  u.cached_input_tokens, result.cost, latency, error,
+                                  completed_at)
+                add_model_totals(tx, self._run_id, u.input_tokens, u.output_tokens,
+                                 u.cached_input_tokens, result.cost)
+                tx.append(self._run_id, self._step_id, completed_at, kind.value, payload)
+                self._release(reservation)
+
+        # A model's error text too large to store is clipped: unrecorded, the
+        # attempt's row stayed dispatched and its charge uncounted.
+        fit(write, result.error)

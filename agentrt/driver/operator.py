@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from agentrt.driver.approvals import check_operator, check_shown, decide
+from agentrt.driver.approvals import check_operator, check_shown, decide, refusing_too_big
 from agentrt.driver.checks import check_callable
 from agentrt.driver.core import safe_observer, system_now
 from agentrt.driver.errors import ConfigError
@@ -56,7 +56,7 @@ def cancel_run(store: Store, observer: Observer | None, clock: Callable[[], date
     now = clock()
     obs = observation(ObservationKind.INTERRUPTED.value, {"by": by, "note": note},
                       f"cancelled by operator: {note}")
-    with store.tx(observer) as tx:
+    with refusing_too_big(f"cancel run {run_id}", by, note), store.tx(observer) as tx:
         check_run(tx, run_id, _CANCELLABLE)
         fail_open_steps(tx, run_id, dumps(obs.to_json()), obs.content_hash, now)
         transition(tx, run_id, _CANCELLABLE, RunStatus.CANCELLED.value,

@@ -15,8 +15,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 
+import apsw
+
 from agentrt.canonical import check_json
-from agentrt.driver.checks import close_if_coroutine
+from agentrt.driver.checks import close_if_coroutine, fit
 from agentrt.driver.loop import _q, mistyped_policy
 from agentrt.driver.policy import RunView
 from agentrt.driver.session import (
@@ -228,8 +230,9 @@ def _reconcile(s: Session, run: Run, executing: Step | None, now: datetime) -> R
     try:
         rec = core.reconcile(view)
     except Exception as exc:  # noqa: BLE001 - a reconcile error fails the run
-        return s.settle(ACTIVE, _failed(Reason.INTERNAL_ERROR,
-                                        f"reconcile: {exception_text(exc)}"))
+        return fit(lambda text: s.settle(ACTIVE, _failed(Reason.INTERNAL_ERROR,
+                                                         f"reconcile: {text}")),
+                   exception_text(exc))
     if not isinstance(rec, Reconciliation):
         close_if_coroutine(rec)
         return s.settle(ACTIVE, _failed(
@@ -238,6 +241,28 @@ def _reconcile(s: Session, run: Run, executing: Step | None, now: datetime) -> R
     mistyped = _mistyped(rec)
     if mistyped:
         return s.settle(ACTIVE, _failed(Reason.INTERNAL_ERROR, f"reconcile: {mistyped}"))
+    try:
+        return _apply_reconciliation(s, rec, executing, now)
+    except apsw.TooBigError as exc:
+        return s.settle(ACTIVE, _failed(Reason.INTERNAL_ERROR, _too_big(rec, exc)))
+
+
+def _too_big(rec: Reconciliation, exc: apsw.TooBigError) -> str:
+    """Why a reconciliation SQLite cannot hold (past its length limit) failed the run."""
+    pd = rec.pause
+    sizes = [("detail", len(rec.detail.encode("utf-8", "replace"))),
+             ("result", len(rec.result or b""))]
+    if pd is not None:
+        sizes += [("pause reason", len(pd.reason.encode("utf-8", "replace"))),
+                  ("pause capability", len(pd.capability or b"")),
+                  ("pause presentation", len(pd.presentation or b""))]
+    name, size = max(sizes, key=lambda item: item[1])
+    return f"reconcile: the {name} ({size} bytes) is too large to store ({exc})"
+
+
+def _apply_reconciliation(s: Session, rec: Reconciliation, executing: Step | None,
+                          now: datetime) -> Run | None:
+    """Act on a well-typed reconciliation; a detail too large to store is clipped."""
     outcome = rec.outcome
     if outcome == ReconcileOutcome.CONTINUE:
         _continue(s, now)
@@ -248,11 +273,12 @@ def _reconcile(s: Session, run: Run, executing: Step | None, now: datetime) -> R
         if problem is not None:
             return s.settle(ACTIVE, _failed(Reason.INTERNAL_ERROR,
                                             f"reconcile: result is not usable JSON: {problem}"))
-        return s.settle(ACTIVE, Ending(RunStatus.COMPLETED.value, Reason.GOAL_COMPLETED.value,
-                                       f"completed by reconciliation: {rec.detail}",
-                                       result=result or b""))
+        return fit(lambda detail: s.settle(ACTIVE, Ending(
+            RunStatus.COMPLETED.value, Reason.GOAL_COMPLETED.value,
+            f"completed by reconciliation: {detail}", result=result or b"")), rec.detail)
     if outcome == ReconcileOutcome.CONFLICT:
-        return s.settle(ACTIVE, _failed(Reason.RECONCILE_CONFLICT, rec.detail))
+        return fit(lambda detail: s.settle(ACTIVE, _failed(Reason.RECONCILE_CONFLICT, detail)),
+                   rec.detail)
     if outcome == ReconcileOutcome.WAITING:
         return _reconcile_wait(s, rec, executing, now)
     return s.settle(ACTIVE, _failed(Reason.INTERNAL_ERROR,
