@@ -17,7 +17,7 @@ from stress import rounds
 
 from agentrt import open_existing
 from agentrt.driver import FuncTool, ToolResult, approve, cancel, reject
-from agentrt.errors import NotPendingError, RunLeasedError, RunStateError
+from agentrt.errors import NotFoundError, NotPendingError, RunLeasedError, RunStateError
 from agentrt.events import Event
 from agentrt.records import Decision
 from agentrt.store import Store, StoreClosedError, open_store
@@ -450,8 +450,18 @@ def cancels_racing_live_loops(path: str) -> None:
     drivers = [make(store=store, script=script, tools=[tool])[0] for _ in range(2)]
     following = Follow(Follower(open_existing(path), interval=0.01, page_size=50))
 
+    def created(run_id: str) -> None:
+        """Wait for the run's first commit: a cancel before it is a NotFoundError."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(NotFoundError):
+                store.get_run(run_id)
+                return
+            time.sleep(0.0005)
+
     def cancels() -> None:
         for i in random.sample(range(8), 4):
+            created(f"run{i}")
             time.sleep(random.random() * 0.02)
             with contextlib.suppress(RunStateError):  # it ended first
                 cancel(store, f"run{i}", "ops", "")
