@@ -1,6 +1,13 @@
 """Follow the events table read-only and ship every event, once."""
 
-from agentrt_export.cursor import Cursor, CursorError, CursorSeqError, FileCursor, MemoryCursor
+from agentrt_export.cursor import (
+    Cursor,
+    CursorError,
+    CursorHeldError,
+    CursorSeqError,
+    FileCursor,
+    MemoryCursor,
+)
 from agentrt_export.follower import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
@@ -18,6 +25,7 @@ __all__ = [
     "MAX_PAGE_SIZE",
     "Cursor",
     "CursorError",
+    "CursorHeldError",
     "CursorSeqError",
     "EventSink",
     "FileCursor",

@@ -174,8 +174,34 @@ def run_follower(
     on stderr (a stop that came before the page in hand was delivered). With
     ``records_on_stdout``, a follow ends quietly once the pipe's reader went
     away, as a write to it would. Every sentence is sanitized: it carries
-    paths and ids as given.
+    paths and ids as given. A cursor file is held (see ``FileCursor.acquire``)
+    before the database is opened, until the command ends.
     """
+    cursor: Cursor | None = None
+    if settings.cursor_file is not None:
+        try:
+            cursor = FileCursor(settings.cursor_file)
+            cursor.check(database=settings.db)  # before a lock file is made beside it
+            cursor.acquire()
+        except AgentrtError as exc:
+            raise _failure(str(exc)) from None
+    elif settings.after_seq is not None:
+        cursor = MemoryCursor(settings.after_seq)
+    try:
+        _follow(settings, cursor, make_sink, clean_stop, records_on_stdout)
+    finally:
+        if isinstance(cursor, FileCursor):
+            cursor.close()
+
+
+def _follow(
+    settings: FollowSettings,
+    cursor: Cursor | None,
+    make_sink: Callable[[Store, threading.Event], Sink],
+    clean_stop: type[Exception] | None,
+    records_on_stdout: bool,
+) -> None:
+    """``run_follower`` once the cursor is held."""
     try:
         store = open_existing(settings.db, read_only=True)
     except SchemaVersionError as exc:
@@ -185,11 +211,6 @@ def run_follower(
         raise _failure(str(exc)) from None
     opened = file_identity(settings.db)
     with store:
-        cursor: Cursor | None = None
-        if settings.cursor_file is not None:
-            cursor = FileCursor(settings.cursor_file)
-        elif settings.after_seq is not None:
-            cursor = MemoryCursor(settings.after_seq)
         progress: _Progress | None = None
         try:
             if settings.after_seq is not None:

@@ -13,12 +13,20 @@ import os
 import re
 import stat
 import tempfile
+import weakref
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Protocol, runtime_checkable
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no flock; a cursor file is not held there
+    fcntl = None  # type: ignore[assignment]
 
 from agentrt.errors import AgentrtError, described
 
-__all__ = ["Cursor", "CursorError", "CursorSeqError", "FileCursor", "MemoryCursor"]
+__all__ = ["Cursor", "CursorError", "CursorHeldError", "CursorSeqError", "FileCursor",
+           "MemoryCursor"]
 
 #: The largest seq SQLite can hand out (a signed 64-bit rowid).
 _MAX_SEQ = 2**63 - 1
@@ -37,6 +45,10 @@ _BINDING = re.compile(r"([0-9]{1,19}):([0-9a-f]{64})")
 #: them) answers: the cursor then goes unbound, as the reference's always is.
 _NO_XATTRS = {errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM, errno.EACCES,
               getattr(errno, "ENODATA", errno.ENOENT)}
+#: What a lock file holds: nothing yet, or the pid of the process holding it.
+_LOCK_CONTENT = re.compile(rb"(?:pid ([0-9]{1,10})\n?)?")
+#: Tries to lock the lock file a holder removes as it lets go (see ``acquire``).
+_LOCK_TRIES = 100
 
 
 class CursorError(AgentrtError):
@@ -47,6 +59,23 @@ class CursorError(AgentrtError):
         self.path = path
         self.detail = detail
         Exception.__init__(self, f"export: {detail}")
+
+
+class CursorHeldError(CursorError):
+    """Another exporter holds the cursor file (``pid``: its process, None when
+    unknown): two followers on one cursor would each deliver every event and
+    save over each other's position."""
+
+    def __init__(self, path: str, pid: int | None) -> None:
+        self.pid = pid
+        holder = "another exporter"
+        if pid == os.getpid():
+            holder = f"another follower in this process (pid {pid})"
+        elif pid is not None:
+            holder = f"another exporter (pid {pid})"
+        super().__init__(path, f"cursor file {path} is held by {holder}, which delivers the "
+                               "same events and saves its own position there: stop it, or "
+                               "give this exporter a cursor file of its own (--cursor-file)")
 
 
 class CursorSeqError(CursorError, ValueError):
@@ -104,6 +133,12 @@ class FileCursor:
     the old cursor or the new one, never a torn file. Loading while a
     follower saves is safe. ``check`` refuses, before a follower delivers
     anything, a path a save would fail on or that is not a cursor's to take.
+
+    One exporter at a time follows with a cursor file: ``acquire`` (which
+    ``Follower.follow`` and ``with FileCursor(path)`` call) holds it until
+    ``close`` or the process's end, however it ends, and refuses it while
+    another holds it. ``load`` and ``save`` take no hold, so tooling may read
+    the position of a running follower.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -118,6 +153,7 @@ class FileCursor:
             raise CursorError(name, f"cursor file path {name!r} holds a NUL character, which "
                                     "no file name can: name the file that holds the cursor")
         self.path = name
+        self._lock: int | None = None  # the locked lock file's descriptor while held
 
     def __repr__(self) -> str:
         return f"FileCursor({self.path!r})"
@@ -202,6 +238,109 @@ class FileCursor:
                                     "name a file that holds only the cursor (it is created on "
                                     "the first save)")
 
+    @property
+    def lock_path(self) -> str:
+        """The file whose lock holds the cursor file: beside it, as the cursor's own
+        rename would drop a lock taken on the cursor file itself."""
+        return self.path + ".lock"
+
+    @property
+    def held(self) -> bool:
+        """Whether this object holds the cursor file (see :meth:`acquire`)."""
+        return self._lock is not None
+
+    def acquire(self) -> None:
+        """Hold the cursor file for this process, or raise CursorHeldError naming
+        the holder's pid; does nothing if this object holds it already.
+
+        The hold is an advisory lock (flock) on :attr:`lock_path`, created 0600
+        and never through a symbolic link, holding ``pid N``; the same file
+        reached by another path (a relative one, a linked directory) is the
+        same lock. The kernel lets go of it when the process ends, even by
+        SIGKILL; a forked child does not inherit it. Refused with a CursorError,
+        before any lock file is made, are the paths ``check`` refuses.
+        """
+        if self._lock is not None or fcntl is None:
+            return
+        self.check()
+        lock = self.lock_path
+        for _ in range(_LOCK_TRIES):
+            fd = self._open_lock(lock)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                pid = _holder(fd)
+                os.close(fd)
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise CursorHeldError(self.path, pid) from None
+                raise CursorError(self.path, f"cannot hold cursor file {self.path}: cannot lock "
+                                             f"{lock}: {exc.strerror or exc}; name a cursor "
+                                             "file on a local file system") from None
+            if _same_file(fd, lock):
+                break
+            os.close(fd)  # its holder removed it as it let go: lock the one there now
+        else:  # pragma: no cover - a lock file replaced a hundred times in a row
+            raise CursorError(self.path, f"cannot hold cursor file {self.path}: {lock} keeps "
+                                         "being replaced; stop whatever replaces it")
+        with contextlib.suppress(OSError):  # the pid only names the holder to the refused
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, b"pid %d\n" % os.getpid(), 0)
+        self._lock = fd
+        _holding.add(self)
+
+    def close(self) -> None:
+        """Let go of the hold (if any) and remove the lock file; the cursor can
+        still be loaded, saved and acquired again."""
+        fd, self._lock = self._lock, None
+        if fd is None:
+            return
+        _holding.discard(self)
+        try:
+            # Removed while still locked: one that opened it meanwhile sees it gone
+            # once it gets the lock, and takes the file a newcomer made instead.
+            if _same_file(fd, self.lock_path):
+                os.unlink(self.lock_path)
+        except OSError:
+            pass  # left behind, it is taken over as one a SIGKILL left
+        finally:
+            os.close(fd)
+
+    def __enter__(self) -> FileCursor:
+        self.acquire()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def _open_lock(self, lock: str) -> int:
+        """The lock file, opened (created 0600 if missing) without following a
+        link or blocking on a pipe; refused unless it is a regular file that
+        holds nothing or a pid, so no other file is ever locked or written."""
+        flags = (os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+                 | os.O_CLOEXEC)
+        try:
+            fd = os.open(lock, flags, 0o600)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                problem = (f"its lock file {lock} is a symbolic link, which is never "
+                           f"followed: remove {lock}, or name another cursor file")
+            else:
+                problem = (f"cannot open its lock file {lock}: {exc.strerror or exc}; name a "
+                           "cursor file in a directory this user can write")
+            raise CursorError(self.path, f"cannot hold cursor file {self.path}: {problem}"
+                              ) from None
+        st = os.fstat(fd)
+        what = _kind(st) if not stat.S_ISREG(st.st_mode) else None
+        if what is None and _LOCK_CONTENT.fullmatch(os.pread(fd, 32, 0)) is None:
+            what = "a file holding something other than a pid"
+        if what is not None:
+            os.close(fd)
+            raise CursorError(self.path, f"cannot hold cursor file {self.path}: its lock file "
+                                         f"{lock} is {what}, not a lock file, and is left "
+                                         "alone; move it away, or name another cursor file")
+        return fd
+
     def binding(self, seq: int) -> str | None:
         """The chain hash of the event at ``seq`` (the seq just loaded), as a
         follower saved it with that seq, or None: no file, a save without one,
@@ -278,6 +417,46 @@ class FileCursor:
         if seq:
             return f"it holds seq {seq}, so the next start sends the events after it again"
         return "no seq was saved before, so the next start sends every event again"
+
+
+#: Every FileCursor holding its file, let go of in a forked child (see below).
+_holding: weakref.WeakSet[FileCursor] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child does not hold its parent's cursor files: it closes its copy
+    of each lock (the parent's stays locked: flock belongs to the open file),
+    so the hold still ends with the parent, and a child that follows must
+    acquire the file, which is refused while the parent holds it."""
+    for cursor in list(_holding):
+        fd, cursor._lock = cursor._lock, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    _holding.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _holder(fd: int) -> int | None:
+    """The pid a lock file names (None: none yet, or unreadable)."""
+    try:
+        found = _LOCK_CONTENT.fullmatch(os.pread(fd, 32, 0))
+    except OSError:
+        return None
+    return int(found.group(1)) if found and found.group(1) else None
+
+
+def _same_file(fd: int, path: str) -> bool:
+    """Whether ``path`` (not followed) still names the file open as ``fd``."""
+    try:
+        there = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    here = os.fstat(fd)
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _bind(fd: int, binding: str) -> None:

@@ -157,9 +157,8 @@ class Follower:
 
     def _start_seq(self) -> int:
         """Where to start, checked before anything is delivered: a file cursor
-        that could not be saved later, or a position past the head, is refused."""
-        if isinstance(self.cursor, FileCursor):
-            self.cursor.check(database=self.store.path)
+        that could not be saved later (checked as it is held), or a position past
+        the head, is refused."""
         seq = self.cursor.load()
         if isinstance(seq, bool) or not isinstance(seq, int):
             raise FollowError(f"the cursor's load() returned {_described(seq)}, not an int "
@@ -283,7 +282,9 @@ class Follower:
         the cursor) or, with ``once``, when caught up. A sink exception stops the
         follower with the cursor just before the refused event and propagates.
         Before anything is delivered, a ``FileCursor`` that could not be saved
-        (see ``FileCursor.check``) and a position past the head are refused.
+        (see ``FileCursor.check``) or that another exporter holds (see
+        ``FileCursor.acquire``; held here until the return unless the caller
+        holds it) and a position past the head are refused.
         """
         if sink is None:
             raise FollowError("sink is None")
@@ -298,6 +299,28 @@ class Follower:
         if stop is not None and not isinstance(stop, threading.Event):
             raise FollowError(f"stop is {_described(stop)}, not a threading.Event or None")
         stop = stop if stop is not None else threading.Event()
+        took = self._hold_cursor()
+        try:
+            self._follow(sink, stop)
+        finally:
+            if took and isinstance(self.cursor, FileCursor):
+                self.cursor.close()
+
+    def _hold_cursor(self) -> bool:
+        """Hold a file cursor while following, unless its caller holds it already
+        (``with FileCursor(path)``); True when this follow took the hold, which
+        ends with it. Another exporter on the same file is refused here, before
+        the cursor is read or anything delivered."""
+        cursor = self.cursor
+        if not isinstance(cursor, FileCursor):
+            return False
+        cursor.check(database=self.store.path)  # before a lock file is made beside it
+        if cursor.held:
+            return False
+        cursor.acquire()
+        return True
+
+    def _follow(self, sink: Sink, stop: threading.Event) -> None:
         seq = self._start_seq()
         path = os.path.abspath(self.store.path)  # the file now, whatever chdir comes later
         opened = file_identity(path)
