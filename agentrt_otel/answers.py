@@ -24,6 +24,9 @@
   system-wide, ``HTTP_PROXY`` or ``http_proxy`` sent a sidecar's spans to a
   proxy, which cannot reach this machine's loopback, and the outage line
   blamed the collector. A failure through a proxy says so, naming it.
+  Over gRPC the proxy is the one the reference's grpc-go takes (see
+  :func:`grpc_proxy`), not only the lowercase variables gRPC's C core reads:
+  ``HTTPS_PROXY`` sent spans through a proxy over HTTP and directly over gRPC.
 """
 
 from __future__ import annotations
@@ -32,16 +35,22 @@ import ipaddress
 import logging
 import os
 import re
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from agentrt_otel.complaints import ATTEMPTS_LOGGER, NO_TIME_LEFT, gist
+from agentrt_otel.complaints import (
+    ATTEMPTS_LOGGER,
+    CLIENT_CERTIFICATE_WANTED,
+    NO_TIME_LEFT,
+    gist,
+)
 
-__all__ = ["NotOTLPAnswer", "RedirectRefused", "checked_grpc_exporter", "checked_http_session",
-           "loopback", "say_rejected"]
+__all__ = ["GRPC_CREDENTIAL_PROVIDERS", "NotOTLPAnswer", "RedirectRefused",
+           "checked_grpc_exporter", "checked_http_session", "grpc_proxy", "loopback",
+           "say_rejected"]
 
 _log = logging.getLogger("agentrt_otel")
 #: Each failed attempt's cause, heard by ExporterComplaints while installed
@@ -108,15 +117,140 @@ def loopback(host: str) -> bool:
         return False
 
 
+#: What a gRPC channel takes its proxy from, first set first: gRPC's own
+#: variable, then those grpc-go reads. grpc-go asks net/http's
+#: ProxyFromEnvironment for an https:// URL whatever the channel's security,
+#: so HTTP_PROXY never applies; x/net's httpproxy reads the uppercase name first.
+_GRPC_PROXY = ("grpc_proxy", "HTTPS_PROXY", "https_proxy")
+#: The hosts sent to directly, likewise: gRPC's own list, then httpproxy's.
+_GRPC_NO_PROXY = ("no_grpc_proxy", "NO_PROXY", "no_proxy")
+
+
+def grpc_proxy(host: str, port: str,
+               environ: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+    """The proxy a gRPC channel to ``host:port`` goes through, as an ``http://``
+    URL, and the variable that named it; None to connect directly.
+
+    As the reference's grpc-go decides: the first of ``grpc_proxy``,
+    ``HTTPS_PROXY``, ``https_proxy`` that is set, for a TLS and a plain-text
+    channel alike; never for the loopback or a host the first of
+    ``no_grpc_proxy``, ``NO_PROXY``, ``no_proxy`` exempts (matched as
+    :func:`_exempt` says). grpc-go speaks HTTP CONNECT to any proxy, whatever
+    its scheme, as gRPC's C core does to an ``http://`` one only: the URL
+    handed to it says ``http://``. A value that is no URL (no host, a port
+    that is no number) is no proxy to either.
+
+    Handed a proxy, the C core still connects directly to a host that
+    ``no_grpc_proxy``, or else ``no_proxy``, exempts as it reads them
+    (:func:`_core_exempts`); no proxy is said for such a host, as none is
+    used (they disagree only where ``NO_PROXY`` and ``no_proxy`` differ, or
+    on a ``.name`` entry, which exempts ``name`` itself there alone).
+    """
+    env = os.environ if environ is None else environ
+    found = next(((name, env[name].strip()) for name in _GRPC_PROXY
+                  if env.get(name, "").strip()), None)
+    if found is None or not host or loopback(host):
+        return None
+    host = host.strip("[]").lower()
+    exempting = next((env[name] for name in _GRPC_NO_PROXY if env.get(name, "").strip()), "")
+    core = env.get("no_grpc_proxy")
+    if _exempt(host, port, exempting) or _core_exempts(
+            host, env.get("no_proxy", "") if core is None else core):
+        return None
+    name, proxy = found
+    _, sep, rest = proxy.partition("://")
+    url = "http://" + (rest if sep else proxy)
+    parts = urlsplit(url)
+    try:
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:  # not a port number
+        port_ok = False
+    if not (parts.hostname and port_ok) or any(ch.isspace() for ch in url):
+        return None  # no proxy's URL: grpc-go and gRPC's C core alike connect directly
+    return url, name
+
+
+def _exempt(host: str, port: str, no_proxy: str) -> bool:
+    """Whether the comma-separated ``no_proxy`` list exempts ``host:port``, as
+    Go's httpproxy matches it: ``*`` exempts every host; an address, or a CIDR
+    block, exempts an address host; a name exempts itself and its subdomains
+    (``.name`` and ``*.name`` its subdomains alone); an entry with a port
+    exempts that port only."""
+    try:
+        address: Any = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    for entry in no_proxy.lower().split(","):
+        entry = entry.strip()
+        if entry == "*":
+            return True
+        try:
+            block = ipaddress.ip_network(entry, strict=False) if "/" in entry else None
+        except ValueError:
+            block = None
+        if block is not None:
+            if address is not None and address in block:
+                return True
+            continue
+        name, entry_port = _split_host_port(entry)
+        if not name or entry_port not in ("", port):
+            continue
+        try:
+            if ipaddress.ip_address(name) == address:
+                return True
+            continue  # an address exempts that address alone
+        except ValueError:
+            pass
+        suffix = name[1:] if name.startswith("*.") else name
+        if host.endswith(suffix if suffix.startswith(".") else "." + suffix) or host == suffix:
+            return True
+    return False
+
+
+def _core_exempts(host: str, no_proxy: str) -> bool:
+    """Whether gRPC's C core connects to ``host`` directly although handed a
+    proxy, for the ``no_proxy`` list it read: an entry exempts the name it
+    gives, a leading dot dropped, and its subdomains, and a CIDR block the
+    addresses it holds (``*`` and entries with a port exempt nothing)."""
+    for entry in no_proxy.lower().split(","):
+        entry = entry.strip().removeprefix(".")
+        try:
+            if "/" in entry and ipaddress.ip_address(host) in ipaddress.ip_network(
+                    entry, strict=False):
+                return True
+        except ValueError:
+            pass
+        if entry and (host == entry or host.endswith("." + entry)):
+            return True
+    return False
+
+
+def _split_host_port(entry: str) -> tuple[str, str]:
+    """``host:port`` or ``[v6]:port`` as Go's net.SplitHostPort splits them; an
+    entry it cannot split (no port, a bare IPv6 address) is a host."""
+    if entry.startswith("["):
+        end = entry.find("]")
+        if end > 0 and entry[end + 1:end + 2] == ":":
+            return entry[1:end], entry[end + 2:]
+        return entry, ""
+    name, sep, port = entry.rpartition(":")
+    return (name, port) if sep and ":" not in name else (entry, "")
+
+
 def _through(url: str, proxy: str) -> str:
     """Words naming the proxy a request to ``url`` went through, its password
     hidden, and the variable that chose it."""
-    from agentrt_otel.config import redacted
-
     scheme = urlsplit(url).scheme.lower()
     names = (f"{scheme}_proxy", f"{scheme}_proxy".upper(), "all_proxy", "ALL_PROXY")
     named = next((n for n in names if os.environ.get(n, "").strip() == proxy.strip()), "")
-    return (f"through the proxy {redacted(proxy)} from {named or 'a *_proxy variable'}; "
+    return _through_proxy(proxy, named or "a *_proxy variable")
+
+
+def _through_proxy(proxy: str, variable: str) -> str:
+    """Words naming ``proxy``, its password hidden, and the variable that chose it."""
+    from agentrt_otel.config import redacted
+
+    return (f"through the proxy {redacted(proxy)} from {variable}; "
             "list the collector's host in NO_PROXY to send directly")
 
 
@@ -225,7 +359,31 @@ def checked_http_session(on_rejected: OnRejected = say_rejected,
     return session
 
 
+#: gRPC's words for a connection the server closed after the TLS handshake (one
+#: closed during it says "Handshake read failed (Socket closed)").
+_CLOSED_AFTER_HANDSHAKE = re.compile(r"(?:^|: )Socket closed$")
+
+
+#: The SDK's variables naming a plugin that makes the gRPC exporter's TLS credentials.
+GRPC_CREDENTIAL_PROVIDERS = ("OTEL_PYTHON_EXPORTER_OTLP_GRPC_TRACES_CREDENTIAL_PROVIDER",
+                             "OTEL_PYTHON_EXPORTER_OTLP_GRPC_CREDENTIAL_PROVIDER")
+
+
+def _sdk_sends_client_certificate(env: Mapping[str, str] | None = None) -> bool:
+    """Whether the SDK's gRPC span exporter, given no credentials, may send a
+    client certificate: a credential plugin may; else it reads the
+    traces-specific files when ``..._TRACES_CERTIFICATE`` is set, the generic
+    ones when ``OTEL_EXPORTER_OTLP_CERTIFICATE`` is, and none without a CA file."""
+    env = os.environ if env is None else env
+    if any(env.get(name) for name in GRPC_CREDENTIAL_PROVIDERS):
+        return True
+    part = "TRACES_" if env.get("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE") is not None else ""
+    return bool(env.get(f"OTEL_EXPORTER_OTLP_{part}CERTIFICATE")
+                and env.get(f"OTEL_EXPORTER_OTLP_{part}CLIENT_CERTIFICATE"))
+
+
 def checked_grpc_exporter(on_rejected: OnRejected = say_rejected,
+                          proxy: tuple[str, str] | None = None,
                           **options: Any) -> SpanExporter:
     """The SDK's gRPC span exporter, built with ``options``, whose answers are checked.
 
@@ -233,19 +391,40 @@ def checked_grpc_exporter(on_rejected: OnRejected = say_rejected,
     each time the exporter makes one (it makes a new one to reconnect). An
     attempt asked for after the export's deadline is not made, as over HTTP:
     gRPC would fail it with DEADLINE_EXCEEDED, said in place of the cause.
+    A failure says the proxy it went through (``proxy``: its URL and the
+    variable naming it, as :func:`grpc_proxy` gives them), its password
+    hidden. A TLS connection the collector closed once it was made, when no
+    client certificate was sent, is said to be what it most likely is: gRPC
+    says only "Socket closed" of a collector that wants one.
     """
     import grpc  # type: ignore[import-untyped]
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-    class NoTimeLeft(grpc.RpcError):  # type: ignore[misc]
+    class Failed(grpc.RpcError):  # type: ignore[misc]
+        """A failure said in other words than gRPC's."""
+
+        def __init__(self, code: grpc.StatusCode, details: str, metadata: Any = ()) -> None:
+            super().__init__(details)
+            self._code, self._details, self._metadata = code, details, metadata
+
         def code(self) -> grpc.StatusCode:
-            return grpc.StatusCode.DEADLINE_EXCEEDED
+            return self._code
 
         def details(self) -> str:
-            return NO_TIME_LEFT
+            return self._details
 
-        def trailing_metadata(self) -> tuple[()]:
-            return ()
+        def trailing_metadata(self) -> Any:
+            return self._metadata
+
+    wants_certificate = not (options.get("insecure") or options.get("credentials")
+                             or _sdk_sends_client_certificate())
+
+    def said(error: Any) -> str:
+        details = str(error.details() or "")
+        if (wants_certificate and error.code() == grpc.StatusCode.UNAVAILABLE
+                and _CLOSED_AFTER_HANDSHAKE.search(details)):
+            details = CLIENT_CERTIFICATE_WANTED
+        return f"{details} ({_through_proxy(*proxy)})" if proxy else details
 
     class CheckedExporter(OTLPSpanExporter):
         def _initialize_channel_and_stub(self) -> None:
@@ -255,11 +434,18 @@ def checked_grpc_exporter(on_rejected: OnRejected = say_rejected,
 
             def checked(*args: Any, **kwargs: Any) -> Any:
                 if _no_time_left(kwargs.get("timeout")):
-                    raise NoTimeLeft()
-                answer = export(*args, **kwargs)
+                    raise Failed(grpc.StatusCode.DEADLINE_EXCEEDED, NO_TIME_LEFT)
+                try:
+                    answer = export(*args, **kwargs)
+                except grpc.RpcError as err:
+                    told = said(err)
+                    if told == (err.details() or ""):
+                        raise
+                    raise Failed(err.code(), told, err.trailing_metadata()) from err
                 _told(answer, on_rejected)
                 return answer
 
             client.Export = checked
 
     return CheckedExporter(**options)
+

@@ -18,8 +18,10 @@ from __future__ import annotations
 import logging
 import re
 
-__all__ = ["ATTEMPTS_LOGGER", "NO_TIME_LEFT", "SDK_EXPORTER_LOGGER", "ExporterComplaints", "gist",
-           "says_too_large"]
+from agentrt_otel.http_failures import CLIENT_CERT_VARIABLES
+
+__all__ = ["ATTEMPTS_LOGGER", "CLIENT_CERTIFICATE_WANTED", "NO_TIME_LEFT", "SDK_EXPORTER_LOGGER",
+           "ExporterComplaints", "gist", "says_too_large"]
 
 #: The parent of the SDK's OTLP exporter loggers (gRPC and HTTP).
 SDK_EXPORTER_LOGGER = "opentelemetry.exporter.otlp"
@@ -32,6 +34,12 @@ ATTEMPTS_LOGGER = "agentrt_otel.attempts"
 #: Why an attempt asked for after the export's deadline was not made
 #: (:mod:`agentrt_otel.answers`): its failure does not replace the cause before it.
 NO_TIME_LEFT = "no time left of the export timeout for another attempt"
+#: What a gRPC connection closed after its TLS handshake, with no client
+#: certificate sent, is said to be (:mod:`agentrt_otel.answers`).
+CLIENT_CERTIFICATE_WANTED = ("the collector closed the TLS connection, as one that wants a "
+                             f"client certificate does: name one in {CLIENT_CERT_VARIABLES}")
+#: The words a failure through a proxy ends with (:mod:`agentrt_otel.answers`).
+_THROUGH_PROXY = re.compile(r" \(through the proxy [^()]*\)$")
 #: Lines that follow a cause without naming one; they do not replace it.
 _NO_CAUSE = ("due to timeout, max retries or shutdown", "Shutdown in progress", NO_TIME_LEFT)
 _ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")\]]+)")
@@ -68,19 +76,10 @@ def gist(message: str) -> str:
     if found:
         code, details = (part for part in found.groups() if part is not None)
         details = details.removesuffix(": OK")  # grpc's status text after the cause
-        if _TLS_FAILED.search(details):
-            ssl = _SSL_REASON.search(details)
-            why = f" ({ssl.group(1).lower().replace('_', ' ')})" if ssl else ""
-            return (f"{code}: TLS handshake failed{why}: a plain-text collector needs "
-                    "--insecure, a TLS one a certificate this host trusts")[:_MAX]
-        if _HTTP1_SERVER.search(details):
-            return (f"{code}: the endpoint did not answer in HTTP/2, as gRPC does: if it is "
-                    "an OTLP/HTTP port (a collector's is usually 4318), use --protocol "
-                    "http/protobuf")[:_MAX]
-        cause = details.rsplit(": ", 1)[-1]
-        if cause == "Deadline Exceeded":
-            return f"{code}: {_NO_ANSWER_SAID}"
-        return (f"{code}: {cause}" if cause not in ("", "None") else code)[:_MAX]
+        through = _THROUGH_PROXY.search(details)
+        if through:
+            return _grpc_gist(code, details[:through.start()]) + through.group(0)
+        return _grpc_gist(code, details)
     first = message.strip().splitlines()[0] if message.strip() else ""
     found = _HTTP_FAILED.search(first)
     if found:
@@ -94,6 +93,27 @@ def gist(message: str) -> str:
     if _NO_ANSWER in first:
         return _NO_ANSWER_SAID
     return first[:_MAX]
+
+
+def _grpc_gist(code: str, details: str) -> str:
+    """The gist of a gRPC failure's status and details."""
+    if details == CLIENT_CERTIFICATE_WANTED:
+        return f"{code}: {details}"
+    if _TLS_FAILED.search(details):
+        ssl = _SSL_REASON.search(details)
+        why = f" ({ssl.group(1).lower().replace('_', ' ')})" if ssl else ""
+        return (f"{code}: TLS handshake failed{why}: a plain-text collector needs "
+                "--insecure, a TLS one a certificate this host trusts")[:_MAX]
+    if _HTTP1_SERVER.search(details):
+        return (f"{code}: the endpoint did not answer in HTTP/2, as gRPC does: if it is "
+                "an OTLP/HTTP port (a collector's is usually 4318), use --protocol "
+                "http/protobuf")[:_MAX]
+    cause = details.rsplit(": ", 1)[-1]
+    if cause.endswith("]") and "[" not in cause:
+        cause = cause[:-1]  # the end of a bracketed list of causes ("[...: Domain name not found]")
+    if cause == "Deadline Exceeded":
+        return f"{code}: {_NO_ANSWER_SAID}"
+    return (f"{code}: {cause}" if cause not in ("", "None") else code)[:_MAX]
 
 
 def says_too_large(message: str) -> bool:

@@ -47,7 +47,12 @@ anything is sent, instead of an export retried for ever:
   narrower: names of ``a-z 0-9 - _ .`` (not ``-bin``, which carries bytes)
   and values of printable ASCII.
 - TLS certificate files are left to the SDK, which reads their standard
-  variables.
+  variables; but over gRPC a client certificate is read here, each file from
+  its traces-specific variable, then the generic one, as the SDK's HTTP
+  exporter reads them (see :func:`_grpc_client_credentials`).
+- The proxy, over gRPC, is the one the reference's grpc-go takes from the
+  environment (``agentrt_otel.answers.grpc_proxy``), handed to the channel
+  alone.
 
 The resource is ``service.name=agentrt`` and the SDK's ``telemetry.sdk.*``
 attributes, overridden by ``OTEL_RESOURCE_ATTRIBUTES`` and then
@@ -67,7 +72,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import IO, Literal
+from typing import IO, Any, Literal
 from urllib.parse import SplitResult, unquote, urlsplit
 
 from opentelemetry.sdk.resources import (
@@ -735,25 +740,29 @@ def build_exporter(
             return ConsoleSpanExporter(out=console_out)
         return ConsoleSpanExporter()
     from agentrt_otel.answers import (
+        GRPC_CREDENTIAL_PROVIDERS,
         checked_grpc_exporter,
         checked_http_session,
-        loopback,
+        grpc_proxy,
         say_rejected,
     )
 
     told = on_rejected if on_rejected is not None else say_rejected
     if config.protocol == "grpc":
         # gRPC's C core logs each failed TLS handshake on its own, once per
-        # reconnect: the sink's one line per outage says it instead.
-        os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+        # reconnect, and each proxy that refused a tunnel as an error: the
+        # sink's one line per outage says it instead.
+        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
         import grpc  # type: ignore[import-untyped]
 
-        # gRPC sends through the proxy http_proxy, https_proxy or grpc_proxy
-        # names, a collector on the loopback too, which no proxy can reach; the
-        # reference's grpc-go, as the HTTP session here, sends to it directly.
-        direct = loopback(_grpc_target_host(config.endpoint))
+        # gRPC's C core reads the lowercase proxy variables alone, and proxies
+        # the loopback too, which no proxy can reach: the proxy is chosen here
+        # as the reference's grpc-go chooses it, and handed to this channel
+        # alone (os.environ is left as it is for the rest of the process).
+        proxy = grpc_proxy(*_grpc_target(config.endpoint))
         return checked_grpc_exporter(
             told,
+            proxy,
             endpoint=config.endpoint,
             insecure=config.insecure,
             headers=dict(config.headers) or None,
@@ -761,7 +770,11 @@ def build_exporter(
             compression={"gzip": grpc.Compression.Gzip,
                          "deflate": grpc.Compression.Deflate}.get(
                              config.compression, grpc.Compression.NoCompression),
-            channel_options=(("grpc.enable_http_proxy", 0),) if direct else None,
+            channel_options=((("grpc.http_proxy", proxy[0]),) if proxy
+                             else (("grpc.enable_http_proxy", 0),)),
+            credentials=(None if config.insecure
+                         or any(os.environ.get(n) for n in GRPC_CREDENTIAL_PROVIDERS)
+                         else _grpc_client_credentials(os.environ)),
         )
     from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
@@ -777,17 +790,51 @@ def build_exporter(
     )
 
 
-def _grpc_target_host(endpoint: str) -> str:
-    """The host of a checked gRPC endpoint (a URL, ``host:port``, or a
-    ``dns:``, ``ipv4:`` or ``ipv6:`` target); '' for a socket (``unix:``)."""
+def _grpc_client_credentials(env: Mapping[str, str]) -> Any:
+    """TLS credentials with the client certificate the variables name, each
+    file read as every setting is, the traces-specific variable first, then
+    the generic one (as the SDK's HTTP exporter reads them); None, for the
+    SDK to read them itself, when no client certificate is named.
+
+    The SDK's gRPC exporter reads a client certificate only beside a CA file
+    of its own kind: it sent none for ``OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE``
+    alone (a collector whose certificate this host trusts already) or beside
+    ``OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE``, and the collector closed every
+    connection. A certificate file without a key variable holds its key too,
+    as it may over HTTP.
+    """
+    import grpc
+
+    def read(kind: str) -> bytes | None:
+        found = _first(env, f"OTEL_EXPORTER_OTLP_TRACES_{kind}", f"OTEL_EXPORTER_OTLP_{kind}")
+        if found is None:
+            return None
+        try:
+            with open(found[1], "rb") as file:
+                return file.read()
+        except OSError as err:
+            raise ConfigError(f"otel: {found[0]} {_shown(found[1])} cannot be read "
+                              f"({err.strerror}): name the PEM file, or unset it") from None
+
+    chain = read("CLIENT_CERTIFICATE")
+    if chain is None:
+        return None
+    return grpc.ssl_channel_credentials(read("CERTIFICATE"), read("CLIENT_KEY") or chain, chain)
+
+
+def _grpc_target(endpoint: str) -> tuple[str, str]:
+    """The host and port of a checked gRPC endpoint (a URL, ``host:port``, or
+    a ``dns:``, ``ipv4:`` or ``ipv6:`` target; gRPC's default port is 443);
+    no host for a socket (``unix:``)."""
     lowered = endpoint.lower()
     if lowered.startswith(("unix:", "unix-abstract:")):
-        return ""
-    if "://" in endpoint and lowered.startswith(("http://", "https://")):
-        return urlsplit(endpoint).hostname or ""
-    if lowered.startswith(_GRPC_TARGETS):
-        endpoint = endpoint.partition(":")[2].lstrip("/").split(",")[0]
-    return urlsplit("//" + endpoint).hostname or ""
+        return "", ""
+    if not ("://" in endpoint and lowered.startswith(("http://", "https://"))):
+        if lowered.startswith(_GRPC_TARGETS):
+            endpoint = endpoint.partition(":")[2].lstrip("/").split(",")[0]
+        endpoint = "//" + endpoint
+    url = urlsplit(endpoint)
+    return url.hostname or "", str(url.port or 443)
 
 
 #: Headers the SDK's HTTP exporter sets on its own, which a variable may override.

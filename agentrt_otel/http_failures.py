@@ -22,7 +22,7 @@ import http.client
 import re
 import ssl
 
-__all__ = ["sentence"]
+__all__ = ["CLIENT_CERT_VARIABLES", "sentence"]
 
 #: The TLS reason in an ``ssl.SSLError`` text: ``[SSL: WRONG_VERSION_NUMBER] ...``.
 _SSL_REASON = re.compile(r"\[SSL: ([A-Z0-9_]+)\]")
@@ -56,7 +56,8 @@ def _not_http1(error: http.client.BadStatusLine) -> str:
 
 
 #: What to name when a collector wants a client certificate.
-_CLIENT_CERT = "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE, its key in OTEL_EXPORTER_OTLP_CLIENT_KEY"
+CLIENT_CERT_VARIABLES = ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE, its key in "
+                         "OTEL_EXPORTER_OTLP_CLIENT_KEY")
 
 
 def _tls_failed(error: ssl.SSLError) -> str:
@@ -65,13 +66,13 @@ def _tls_failed(error: ssl.SSLError) -> str:
         found = _SSL_REASON.search(str(error))
         reason = found.group(1) if found else ""
     if reason == "TLSV13_ALERT_CERTIFICATE_REQUIRED":
-        return f"the collector asks for a client certificate: name one in {_CLIENT_CERT}"
+        return f"the collector asks for a client certificate: name one in {CLIENT_CERT_VARIABLES}"
     if isinstance(error, ssl.SSLEOFError) and not reason:
         # Closed after the handshake (one cut short says UNEXPECTED_EOF_WHILE_READING):
         # a TLS 1.3 server refusing a client without a certificate may close
         # before its alert is read.
         return ("the endpoint closed the TLS connection, as a collector may if it needs a "
-                f"client certificate: name one in {_CLIENT_CERT}")
+                f"client certificate: name one in {CLIENT_CERT_VARIABLES}")
     why = f" ({reason.lower().replace('_', ' ')})" if reason else ""
     return (f"TLS handshake failed{why}: a plain-text collector needs an http:// endpoint, a "
             "TLS one a certificate this host trusts (OTEL_EXPORTER_OTLP_CERTIFICATE)")
