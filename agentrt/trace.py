@@ -27,8 +27,10 @@ import io
 import json
 import os
 import re
+import select
 import stat
 import threading
+import unicodedata
 from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import cache
@@ -43,11 +45,14 @@ from agentrt.timefmt import format_time_nano, local_stamp
 
 __all__ = [
     "LineWriter",
-    "check_stream",
     "aligned_line",
+    "check_stream",
+    "display_width",
+    "is_mark",
     "jsonl",
     "jsonl_record",
     "jsonl_with_err",
+    "pad",
     "sanitize",
     "writer",
     "writer_with_err",
@@ -348,12 +353,41 @@ def jsonl_record(event: Event) -> bytes:
 # the aligned line
 
 
+def is_mark(char: str) -> bool:
+    """Whether ``char`` is a combining mark, drawn over the character before it."""
+    return bool(unicodedata.combining(char)) or unicodedata.category(char) in ("Mn", "Me")
+
+
+def display_width(text: str) -> int:
+    """The terminal columns ``text`` takes: two for a wide or fullwidth
+    character (CJK, most emoji), none for a combining mark or an invisible
+    format character, one for any other (East Asian "ambiguous" ones too, as
+    terminals outside CJK locales draw them)."""
+    if text.isascii():
+        return len(text)
+    width = 0
+    for char in text:
+        kind = unicodedata.category(char)
+        if kind in ("Mn", "Me", "Cf") or unicodedata.combining(char):
+            continue
+        # Unassigned code points (Cn) say "F" in Python's table; terminals draw one cell.
+        wide = kind != "Cn" and unicodedata.east_asian_width(char) in ("W", "F")
+        width += 2 if wide else 1
+    return width
+
+
+def pad(text: str, columns: int) -> str:
+    """``text`` followed by the spaces that make it ``columns`` wide on a terminal
+    (``str.ljust`` counts characters, so wide ones would push the rest right)."""
+    return text + " " * (columns - display_width(text))
+
+
 def aligned_line(event: Event) -> str:
     """One terminal line: local time, two spaces, the type padded to 22
     columns, a space and the sanitized payload. The type is sanitized too:
     a database read later may hold anything in that column."""
     payload = sanitize(event.payload.decode("utf-8", "surrogateescape"))
-    return f"{local_stamp(event.at, millis=True)}  {sanitize(event.type):<22} {payload}\n"
+    return f"{local_stamp(event.at, millis=True)}  {pad(sanitize(event.type), 22)} {payload}\n"
 
 
 # --------------------------------------------------------------------------
@@ -411,12 +445,16 @@ class LineWriter:
     writer stops at the first lost line instead of leaving a gap.
     """
 
-    def __init__(self, stream: IO[bytes] | IO[str], *, flush_each: bool = True) -> None:
+    def __init__(self, stream: IO[bytes] | IO[str], *, flush_each: bool = True,
+                 wait: bool = False) -> None:
         self._stream: Any = stream
         self._text = _is_text(stream)
         if self._text and not _encodes_utf8(stream) and hasattr(stream, "buffer"):
             self._stream, self._text = _UTF8UnderText(stream), False
         self._flush_each = flush_each and hasattr(stream, "flush")
+        #: Whether :meth:`write` waits out a non-blocking descriptor that is full
+        #: (the line goes straight to the descriptor then, so flush_each holds).
+        self._wait = wait and _descriptor(stream) is not None
         self._lock = threading.Lock()
         self._err: Exception | None = None
         #: Bytes of the last :meth:`write_through` known to have arrived.
@@ -432,15 +470,56 @@ class LineWriter:
             if self._err is not None:
                 raise self._err.with_traceback(None)
             try:
-                if self._text:
+                fd = self._nonblocking_fd() if self._wait else None
+                if fd is not None:
+                    self._write_waiting(fd, line.encode("utf-8") if isinstance(line, str) else line)
+                elif self._text:
                     self._stream.write(line.decode("utf-8") if isinstance(line, bytes) else line)
                 else:
                     self._write_bytes(line.encode("utf-8") if isinstance(line, str) else line)
-                if self._flush_each:
+                if self._flush_each and fd is None:
                     self._stream.flush()
             except Exception as exc:
                 self._err = exc
                 raise
+
+    def _nonblocking_fd(self) -> int | None:
+        """The stream's descriptor when it is non-blocking, else None. Asked at
+        every line: a program (or a library in it) may switch the mode later."""
+        fd = _descriptor(self._stream)
+        if fd is None:
+            return None
+        try:
+            return None if os.get_blocking(fd) else fd
+        except OSError:
+            return None  # the stream's own write then says what is wrong
+
+    def _write_waiting(self, fd: int, data: bytes) -> None:
+        """Write ``data`` whole to the non-blocking ``fd``, waiting whenever it
+        is full, as a blocking descriptor would (and as the Go reference does).
+
+        The stream's layers would lose track of a line cut short by EAGAIN (a
+        text stream drops what it had pending), so what they hold is pushed
+        out first and the line goes to the descriptor itself. A reader that
+        has gone (EPIPE) or any other error still raises.
+        """
+        if hasattr(self._stream, "flush"):
+            while True:
+                try:
+                    self._stream.flush()
+                    break
+                except BlockingIOError:
+                    _wait_writable(fd)
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(fd, view)
+            except BlockingIOError:
+                _wait_writable(fd)
+                continue
+            if n == 0:
+                raise OSError("write took no bytes")
+            view = view[n:]
 
     def _write_bytes(self, data: bytes) -> None:
         n = self._stream.write(data)
@@ -518,6 +597,22 @@ class LineWriter:
                 raise
 
 
+def _descriptor(stream: Any) -> int | None:
+    """The descriptor under ``stream``, or None (no ``fileno``, or closed)."""
+    try:
+        return int(stream.fileno())
+    except (AttributeError, OSError, TypeError, ValueError):
+        return None
+
+
+def _wait_writable(fd: int) -> None:
+    """Block until ``fd`` can take bytes, or has an error the next write reports
+    (a reader that has gone: EPIPE)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    poller.poll()
+
+
 def check_stream(stream: Any, made_by: str, error: type[Exception] | None = None) -> None:
     """Refuse, when a writer of records is made, what no line could be written
     to: a path, or a closed file, passed by mistake. ``error`` is raised with
@@ -541,7 +636,7 @@ def _observer(
     # stop for want of its trace.
     if stream is not None:
         check_stream(stream, f"agentrt: {made_by}")
-    out = LineWriter(stream)
+    out = LineWriter(stream, wait=True)  # a full non-blocking pipe is waited out
     write = out.write
 
     def observe(event: Event) -> None:
@@ -561,7 +656,11 @@ def writer_with_err(
 
 
 def writer(stream: IO[bytes] | IO[str]) -> Observer:
-    """An observer printing one aligned, sanitized line per event (flushed)."""
+    """An observer printing one aligned, sanitized line per event (flushed).
+
+    A full non-blocking stream is waited out, so a slow reader misses nothing.
+    The first failure (a reader that has gone) ends the trace silently, as
+    the Go reference's ``Writer`` does: :func:`writer_with_err` reports it."""
     return writer_with_err(stream)[0]
 
 
@@ -573,5 +672,8 @@ def jsonl_with_err(
 
 
 def jsonl(stream: IO[bytes] | IO[str]) -> Observer:
-    """An observer writing :func:`jsonl_record` per event (flushed)."""
+    """An observer writing :func:`jsonl_record` per event (flushed).
+
+    Waits and fails as :func:`writer` does; :func:`jsonl_with_err` reports
+    the failure."""
     return jsonl_with_err(stream)[0]
