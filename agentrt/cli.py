@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import IO, Any, Generic, TypeVar, cast
 
 import apsw
@@ -36,6 +37,7 @@ from agentrt.render import (
     approval_block,
     cap_payload,
     indent_json,
+    lease_line,
     run_header,
     run_row,
     step_row,
@@ -457,7 +459,10 @@ def show(run_id: str, limit: int, offset: int, db: str | None, as_json: bool) ->
             out.flush()
             _empty_page("steps", steps)
             return
-        for line in run_header(page.run):
+        lease = None
+        if page.run.status == RunStatus.RUNNING:  # only a running run is held
+            lease = lease_line(*store.lease(run_id), datetime.now(UTC))
+        for line in run_header(page.run, lease):
             out.line(line)
         pending: Pages[Approval] | None = None
         blocks: Iterable[list[Approval]] = []

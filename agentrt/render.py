@@ -20,7 +20,7 @@ from agentrt import timefmt
 from agentrt.gojson import is_valid, raw_members
 from agentrt.records import Approval
 from agentrt.timefmt import ZERO_TIME
-from agentrt.trace import sanitize
+from agentrt.trace import display_width, is_mark, pad, sanitize
 from agentrt.view import RunSummary, StepSummary, bound_raw, bound_string
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "clip_cell",
     "clip_goal",
     "indent_json",
+    "lease_line",
     "local_stamp",
     "run_header",
     "run_row",
@@ -69,6 +70,17 @@ def _cut(data: bytes, limit: int) -> int:
     return i
 
 
+def _head(text: str, data: bytes, limit: int) -> str:
+    """The start of ``text`` (``data`` is its UTF-8) within ``limit`` bytes that
+    cuts no character in two: no UTF-8 sequence, and no letter from the
+    combining marks drawn over it (an "é" written e + U+0301 goes whole or not
+    at all)."""
+    n = len(data[:_cut(data, limit)].decode("utf-8", "surrogatepass"))
+    while 0 < n < len(text) and is_mark(text[n]):
+        n -= 1
+    return text[:n]
+
+
 def clip_bytes(text: str, limit: int = TEXT_FIELD_BYTES) -> str:
     """``text`` cut to ``limit`` UTF-8 bytes on a character boundary, plus
     ``...[N more bytes]``. A text a page read already cut keeps that read's
@@ -76,7 +88,7 @@ def clip_bytes(text: str, limit: int = TEXT_FIELD_BYTES) -> str:
     data = text.encode("utf-8", "surrogatepass")
     if len(data) <= limit:
         return text
-    head = data[:_cut(data, limit)].decode("utf-8", "surrogatepass")
+    head = _head(text, data, limit)
     marker = _PAGE_MARKER.search(text)
     if marker is not None:
         return head + marker.group()
@@ -85,12 +97,13 @@ def clip_bytes(text: str, limit: int = TEXT_FIELD_BYTES) -> str:
 
 def clip_cell(text: str, limit: int = CELL_BYTES) -> str:
     """``text`` for one table cell: sanitized (newlines become spaces), cut to
-    ``limit`` bytes with ``…``."""
+    ``limit`` bytes with ``…``. The byte cap bounds the cell's width too: no
+    character is wider on a terminal than its UTF-8 length."""
     text = sanitize(text)
     data = text.encode("utf-8", "surrogatepass")
     if len(data) <= limit:
         return text
-    return data[:_cut(data, limit)].decode("utf-8", "surrogatepass") + "…"
+    return _head(text, data, limit) + "…"
 
 
 def clip_goal(goal: str, limit: int = GOAL_COLUMN_BYTES) -> str:
@@ -129,7 +142,9 @@ def _dash(text: str) -> str:
 @dataclass
 class Table:
     """Columns aligned as Go's tabwriter aligns them (two spaces of padding, the
-    last column left ragged), one page of rows at a time.
+    last column left ragged), one page of rows at a time. Widths are terminal
+    columns, not characters, so wide (CJK, emoji) and combining characters
+    keep the columns straight.
 
     A listing read in pages is printed page by page so memory stays bounded;
     a column only ever widens, so the pages line up as long as no later cell
@@ -150,9 +165,9 @@ class Table:
             self.widths = [0] * columns
         for row in block:
             for i in range(columns):
-                self.widths[i] = max(self.widths[i], len(row[i]))
+                self.widths[i] = max(self.widths[i], display_width(row[i]))
         return [
-            ("".join(c.ljust(w + 2) for c, w in zip(row[:-1], self.widths, strict=True))
+            ("".join(pad(c, w + 2) for c, w in zip(row[:-1], self.widths, strict=True))
              + row[-1]).rstrip()
             for row in block
         ]
@@ -202,8 +217,22 @@ def _dollars(micros: int) -> str:
     return f"${micros / 1_000_000:.4f}"
 
 
-def run_header(s: RunSummary) -> list[str]:
-    """The lines above a run's approvals and steps in ``agentrt show``."""
+def lease_line(owner: str, expires: datetime | None, now: datetime) -> str:
+    """Who holds a running run's lease and until when, ``expired`` once that
+    time has passed by ``now``: an expired lease is a run no process is
+    executing any more, which a resume takes over."""
+    if not owner and expires is None:
+        return "lease   none: no process holds this run"
+    line = f"lease   {_field(owner) if owner else '-'}"
+    if expires is None:
+        return f"{line} (no readable expiry)"
+    line += f" until {local_stamp(expires)}"
+    return f"{line} (expired)" if expires <= now else line
+
+
+def run_header(s: RunSummary, lease: str | None = None) -> list[str]:
+    """The lines above a run's approvals and steps in ``agentrt show``;
+    ``lease`` (a :func:`lease_line`) follows the status."""
     status = _field(s.status)
     if s.reason:
         status += f" ({_field(s.reason)})"
@@ -216,6 +245,7 @@ def run_header(s: RunSummary) -> list[str]:
         f"run     {_field(s.id)}",
         f"goal    {_field(s.goal)}",
         f"status  {status}",
+        *([lease] if lease is not None else []),
         f"steps   {s.steps}",
         stamps,
     ]
