@@ -89,7 +89,8 @@ def follower_options(fn: F) -> F:
         click.option("--db", envvar="AGENTRT_DB", metavar="PATH",
                      help="The database to read (default: $AGENTRT_DB). Opened read-only."),
         click.option("--cursor-file", metavar="FILE",
-                     help="Where the position is kept across runs (created 0600)."),
+                     help="Where the position is kept across runs (created 0600). One "
+                          "saved with --run ID serves only that run's export."),
         click.option("--run", "run", metavar="ID", help="Only this run's events."),
         click.option("--after-seq", type=click.IntRange(min=0), metavar="N",
                      help="Start after this seq instead of a cursor file."),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import re
 import stat
@@ -25,8 +26,8 @@ except ImportError:  # pragma: no cover - Windows: no flock; a cursor file is no
 
 from agentrt.errors import AgentrtError, described
 
-__all__ = ["Cursor", "CursorError", "CursorHeldError", "CursorSeqError", "FileCursor",
-           "MemoryCursor"]
+__all__ = ["ALL_RUNS", "Cursor", "CursorError", "CursorHeldError", "CursorSeqError",
+           "FileCursor", "MemoryCursor", "scope_of"]
 
 #: The largest seq SQLite can hand out (a signed 64-bit rowid).
 _MAX_SEQ = 2**63 - 1
@@ -41,6 +42,18 @@ _DIGITS = re.compile(rb"[0-9]+")
 #: ``<seq>:<chain hash of the event at seq>`` (see ``FileCursor.binding``).
 BINDING_ATTRIBUTE = "user.agentrt.chain_hash"
 _BINDING = re.compile(r"([0-9]{1,19}):([0-9a-f]{64})")
+#: The extended attribute naming the scope a cursor file's seq was saved under:
+#: ``<seq>:<scope>``, the scope as :func:`scope_of` makes it. An attribute of its
+#: own, beside the binding: a reader that knows only the binding (an older
+#: agentrt_export) reads that as before, and one without a scope reads as today.
+SCOPE_ATTRIBUTE = "user.agentrt.scope"
+#: The scope of an export of every run; one run's is ``run:<id>``, or, for an id
+#: longer than ``_MAX_SCOPE_ID`` bytes of UTF-8 (or not UTF-8), ``run-sha256:<hex>``.
+ALL_RUNS = "all"
+_SCOPE = re.compile(r"([0-9]{1,19}):(all|run:.+|run-sha256:[0-9a-f]{64})", re.DOTALL)
+#: Longer run ids are kept as their hash: an attribute's value must fit beside
+#: the binding in the file system's attribute space (one 4 KiB block on ext4).
+_MAX_SCOPE_ID = 255
 #: What a file system without user extended attributes (or a platform without
 #: them) answers: the cursor then goes unbound, as the reference's always is.
 _NO_XATTRS = {errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM, errno.EACCES,
@@ -349,30 +362,54 @@ class FileCursor:
         file system or platform without them, or a cursor written by the
         reference. The file's content stays the reference's ``42\n``: the hash
         is kept in an extended attribute."""
-        getxattr = getattr(os, "getxattr", None)
-        if getxattr is None:
-            return None
-        try:
-            value = getxattr(self.path, BINDING_ATTRIBUTE)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            if exc.errno in _NO_XATTRS:
-                return None
-            raise CursorError(self.path, f"load cursor: cannot read {self.path}: "
-                                         f"{exc.strerror or exc}") from exc
-        found = _BINDING.fullmatch(value.decode("ascii", "replace"))
+        found = _BINDING.fullmatch(self._attribute(BINDING_ATTRIBUTE).decode("ascii", "replace"))
         if found is None or int(found.group(1)) != seq:
             return None
         return found.group(2)
 
-    def save(self, seq: int, binding: str | None = None) -> None:
+    def scope(self, seq: int) -> str | None:
+        """The scope of the export that saved ``seq`` (the seq just loaded):
+        ``ALL_RUNS`` or one run's (see :func:`scope_of`); None, as for
+        :meth:`binding`, when none was saved with that seq. The seq stands after
+        every event of that scope up to it, and no other: a wider export would
+        skip the rest for good (``Follower`` refuses it)."""
+        found = _SCOPE.fullmatch(self._attribute(SCOPE_ATTRIBUTE).decode("utf-8", "replace"))
+        if found is None or int(found.group(1)) != seq:
+            return None
+        return found.group(2)
+
+    def _attribute(self, name: str) -> bytes:
+        """The cursor file's extended attribute ``name``; empty where it has none
+        (no file, none set, a file system or platform without them)."""
+        getxattr = getattr(os, "getxattr", None)
+        if getxattr is None:
+            return b""
+        try:
+            value: bytes = getxattr(self.path, name)
+        except FileNotFoundError:
+            return b""
+        except OSError as exc:
+            if exc.errno in _NO_XATTRS:
+                return b""
+            raise CursorError(self.path, f"load cursor: cannot read {self.path}: "
+                                         f"{exc.strerror or exc}") from exc
+        return value
+
+    def save(self, seq: int, binding: str | None = None, scope: str | None = None) -> None:
         """Replace the saved seq with ``seq``, atomically and durably; a seq that
         is not an int from 0 to 2**63-1 is refused (CursorError, also a
         ValueError) before the file is touched. ``binding``, the chain hash of
-        the event at ``seq``, is kept with it where the file system allows
-        (see :meth:`binding`); a save without one leaves the cursor unbound."""
+        the event at ``seq``, and ``scope``, that of the export that delivered
+        up to it (:func:`scope_of`), are kept with it where the file system
+        allows (see :meth:`binding`, :meth:`scope`); a save without them leaves
+        the cursor unbound and its scope unknown."""
         _check_seq(seq, self.path, limit=_MAX_SEQ)
+        if scope is not None and (not isinstance(scope, str)
+                                  or _SCOPE.fullmatch(f"{seq}:{scope}") is None):
+            shown = repr(scope) if isinstance(scope, str) else described(scope)
+            raise CursorError(self.path, f"cursor file {self.path}: scope {shown} is not an "
+                                         "export's: pass scope_of(run_id), 'all' for every run "
+                                         "or 'run:ID' for one")
         directory, name = os.path.split(self.path)
         directory = directory or "."
         try:
@@ -386,7 +423,9 @@ class FileCursor:
                     data = data[os.write(fd, data) :]
                 os.fchmod(fd, 0o600)  # mkstemp's 0600 may have lost bits to the umask
                 if binding:
-                    _bind(fd, f"{seq}:{binding}")
+                    _set_attribute(fd, BINDING_ATTRIBUTE, f"{seq}:{binding}".encode("ascii"))
+                if scope:
+                    _set_attribute(fd, SCOPE_ATTRIBUTE, f"{seq}:{scope}".encode())
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -459,13 +498,25 @@ def _same_file(fd: int, path: str) -> bool:
     return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
-def _bind(fd: int, binding: str) -> None:
-    """Set the binding on the temporary file, so it is renamed with its seq."""
+def scope_of(run_id: str) -> str:
+    """The scope a cursor saved by an export of ``run_id`` ('': every run) holds."""
+    if not run_id:
+        return ALL_RUNS
+    try:
+        if len(run_id.encode()) <= _MAX_SCOPE_ID:
+            return f"run:{run_id}"
+    except UnicodeEncodeError:  # a lone surrogate: no UTF-8 to keep
+        pass
+    return "run-sha256:" + hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _set_attribute(fd: int, name: str, value: bytes) -> None:
+    """Set an attribute on the temporary file, so it is renamed with its seq."""
     setxattr = getattr(os, "setxattr", None)  # Linux: takes the descriptor
     if setxattr is None:
         return
     try:
-        setxattr(fd, BINDING_ATTRIBUTE, binding.encode("ascii"))
+        setxattr(fd, name, value)
     except OSError as exc:
         if exc.errno not in _NO_XATTRS:
             raise

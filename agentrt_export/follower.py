@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import shlex
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -25,7 +26,7 @@ from agentrt.errors import described as _described
 from agentrt.events import Event
 from agentrt.store import Store
 from agentrt.store.pages import one_snapshot
-from agentrt_export.cursor import Cursor, FileCursor, MemoryCursor
+from agentrt_export.cursor import ALL_RUNS, Cursor, FileCursor, MemoryCursor, scope_of
 from agentrt_export.wake import ChangeWaiter, open_waiter
 
 __all__ = [
@@ -170,6 +171,7 @@ class Follower:
             if seq > head:
                 raise FollowError(self._ahead(seq, head))
             self._check_binding(seq)
+            self._check_scope(seq)
         return seq
 
     def _check_binding(self, seq: int) -> None:
@@ -189,14 +191,40 @@ class Follower:
             f"before; give this database a cursor file of its own, or delete {path} to "
             "export it from the start")
 
+    def _check_scope(self, seq: int) -> None:
+        """Refuse a file cursor saved by an export of one run to a wider export
+        (every run, or another run): its seq stands after events of the other
+        runs that it never delivered, which would be skipped for good. The same
+        run goes on, and so does one run on a cursor of every run; a cursor with
+        no scope saved (the reference's, an old one, no extended attributes)
+        is taken as it is."""
+        if not isinstance(self.cursor, FileCursor):
+            return
+        saved, asked = self.cursor.scope(seq), scope_of(self.run_id)
+        if saved is None or saved in (ALL_RUNS, asked):
+            return
+        path = self.cursor.path
+        run, flag = _scope_words(saved)
+        wider, _ = _scope_words(asked)
+        raise FollowError(
+            f"cursor file {path} was saved by an export of {run} alone, so the events of "
+            f"other runs up to its seq {seq} were not delivered through it and this export of "
+            f"{wider} would skip them for good: go on with {flag} and this cursor file, or "
+            f"give the export of {wider} a cursor file of its own (or --after-seq instead of "
+            "one)")
+
     def _save(self, seq: int, known: str | None = None) -> None:
         """Save the cursor; a file cursor also keeps the chain hash at ``seq``
         (``known``: read with the page, else read now), which binds it to this
-        database (checked on the next start)."""
+        database, and this export's scope, which keeps a wider export from
+        skipping what it did not deliver (both checked on the next start). A
+        one-run export on a cursor of every run saves its run's scope: past the
+        old seq it delivered no other run's events."""
         cursor = self.cursor
         # A subclass's own save(seq) keeps the Cursor protocol and goes unbound.
         if isinstance(cursor, FileCursor) and type(cursor).save is FileCursor.save:
-            cursor.save(seq, known if known is not None else self.store.event_hash(seq))
+            cursor.save(seq, known if known is not None else self.store.event_hash(seq),
+                        scope_of(self.run_id))
         else:
             cursor.save(seq)
 
@@ -284,7 +312,9 @@ class Follower:
         Before anything is delivered, a ``FileCursor`` that could not be saved
         (see ``FileCursor.check``) or that another exporter holds (see
         ``FileCursor.acquire``; held here until the return unless the caller
-        holds it) and a position past the head are refused.
+        holds it), a position past the head, and a ``FileCursor`` saved on
+        another database or by an export of one run when this one follows
+        every run or another run, are refused.
         """
         if sink is None:
             raise FollowError("sink is None")
@@ -396,6 +426,18 @@ def _is_async(sink: object) -> bool:
     called = sink.handle_page if isinstance(sink, PageSink) else sink
     return (inspect.iscoroutinefunction(called)
             or inspect.iscoroutinefunction(type(called).__call__))
+
+
+def _scope_words(scope: str) -> tuple[str, str]:
+    """How a sentence names ``scope`` (see ``scope_of``), and the ``--run`` flag
+    that follows it."""
+    if scope == ALL_RUNS:
+        return "every run", "no --run"
+    kind, _, run_id = scope.partition(":")
+    if kind == "run":
+        return f"run {run_id}", f"--run {shlex.quote(run_id)}"
+    return (f"the run whose id has the SHA-256 {run_id} (too long to keep)",
+            "--run and that run's id")
 
 
 def file_identity(path: str) -> tuple[int, int] | None:
