@@ -47,7 +47,15 @@ from agentrt.driver.policy import IdentifiedPolicy, Policy
 from agentrt.driver.recovery import Reconcile, recover
 from agentrt.driver.session import ACTIVE, WAITING, Session
 from agentrt.driver.tools import Tool, register_tools
-from agentrt.errors import EncodeError, RunLeasedError, RunStateError, described, raised_text
+from agentrt.errors import (
+    AgentrtError,
+    EncodeError,
+    NotFoundError,
+    RunLeasedError,
+    RunStateError,
+    described,
+    raised_text,
+)
 from agentrt.events import EventType, Observer
 from agentrt.gojson import Raw, dumps, sorted_map
 from agentrt.records import (
@@ -60,7 +68,9 @@ from agentrt.records import (
     default_limits,
 )
 from agentrt.store import Store
+from agentrt.store.tx import StoreWriteError
 from agentrt.store.writes import insert_run
+from agentrt.timefmt import format_time
 
 __all__ = ["Driver"]
 
@@ -295,6 +305,8 @@ class Driver:
             self._live[run_id] = s
         try:
             yield s
+        except StoreWriteError as exc:
+            raise _unwritten(core, run_id, exc) from exc.__cause__
         except apsw.ConstraintError as exc:
             table = _reused_id_table(exc)
             if table and core.new_id is not _default_id:
@@ -366,6 +378,23 @@ def _too_big_start(s: Session, goal: str, entries: Sequence[tuple[ToolSpec, str,
     size, what = max(sizes)
     return (f"start run: {what} ({size} bytes) is too large to store ({exc}); "
             "nothing was written")
+
+
+def _unwritten(core: Core, run_id: str, exc: StoreWriteError) -> StoreWriteError:
+    """A transaction the disk refused, said with what to do next: resume the run (or
+    start it again, if not even its start was written). The lease could not be
+    released on a full disk either: another driver's resume waits for its expiry."""
+    try:
+        owner, expires = core.store.lease(run_id)
+    except NotFoundError:
+        return exc.retold(core.store.path, "start the run again")
+    except (AgentrtError, apsw.Error):
+        owner, expires = "", None
+    action = f"resume run {run_id}"
+    if owner == core.owner and expires is not None:
+        action += (f" (this driver at once; another once the lease it holds, which could not "
+                   f"be released either, expires at {format_time(expires)})")
+    return exc.retold(core.store.path, action)
 
 
 def _call_token(cancel: CancelToken | None) -> tuple[CancelToken, threading.Timer | None]:

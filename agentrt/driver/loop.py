@@ -64,6 +64,7 @@ from agentrt.records import (
     ToolSpec,
     approval_hash,
 )
+from agentrt.store.tx import StoreWriteError
 from agentrt.store.writes import check_run, start_step, transition
 
 __all__ = ["apply", "evaluate", "run_loop"]
@@ -229,6 +230,9 @@ def _copy_spec(spec: ToolSpec) -> ToolSpec:
 
 
 def _agent_failed(s: Session, step: Step, exc: Exception) -> Run | None:
+    unwritten = find_cause(exc, StoreWriteError)
+    if unwritten is not None:  # a model call's record met a full disk: not the agent's error
+        raise unwritten
     if s.cancel.cancelled:
         raise CancelledError(s.cancel.reason) from exc
     lost = find_cause(exc, LeaseLostError)

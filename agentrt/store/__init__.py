@@ -10,7 +10,15 @@ from agentrt.store.store import (
     open_existing,
     open_store,
 )
-from agentrt.store.tx import StoreClosedError, TransactionOpenError, Tx, TxScope
+from agentrt.store.tx import (
+    StoreClosedError,
+    StoreFullError,
+    StoreIOError,
+    StoreWriteError,
+    TransactionOpenError,
+    Tx,
+    TxScope,
+)
 
 __all__ = [
     "ChainBreak",
@@ -19,7 +27,10 @@ __all__ = [
     "ReadOnlyStoreError",
     "Store",
     "StoreClosedError",
+    "StoreFullError",
+    "StoreIOError",
     "StoreOpenError",
+    "StoreWriteError",
     "TransactionOpenError",
     "Tx",
     "TxScope",

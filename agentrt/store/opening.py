@@ -29,6 +29,7 @@ from agentrt.errors import (
 )
 from agentrt.records import SCHEMA_VERSION
 from agentrt.store.migrations import current_version, migrate, refuse_newer
+from agentrt.store.tx import WRITE_FAILED, write_failed
 
 __all__ = [
     "BUSY_TIMEOUT_MS",
@@ -394,17 +395,24 @@ def descriptors_exhausted(*, certain: bool = False) -> str | None:
     return said if used + _DESCRIPTORS_PER_OPEN > soft else None
 
 
-def sqlite_failure(path: str, exc: apsw.Error, *, write: bool) -> str | None:
+def sqlite_failure(path: str, exc: apsw.Error, *, write: bool, system_errno: int = 0,
+                   action: str = "") -> str | None:
     """One sentence for a SQLite error whose cause lies outside the file's content
-    (permissions, a read-only file or directory, another process's lock): what
-    happened and the fix. None for the others, which are said as SQLite says them.
+    (permissions, a read-only file or directory, another process's lock, a full
+    disk): what happened and the fix. None for the others, which are said as
+    SQLite says them. ``system_errno`` is the failing connection's errno (it
+    tells a full disk from a file size limit); ``action`` what to do once the
+    cause is fixed ("try again").
     """
-    if isinstance(exc, apsw.FullError):
-        return (f"{path}: the file system holding it is full, so the transaction was rolled "
-                "back (the database is as it was before it); free space there and try again")
-    if isinstance(exc, apsw.IOError):
-        return (f"{path}: disk I/O error ({exc}); check the file system holding it (full, "
-                "read-only or failing), then run agentrt verify")
+    if isinstance(exc, apsw.IOError) and _extended(exc) in _SHM_FAILED:
+        name = os.path.basename(path)
+        return (f"{path}: SQLite cannot make {name}-shm, the {_SHM_SIZE // 1024} KiB file "
+                f"beside it that connections share ({exc}), so it cannot be opened: the file "
+                "system holding it is full or this process's file size limit (ulimit -f) is "
+                "lower; free space there or raise the limit, and try again")
+    if isinstance(exc, WRITE_FAILED):
+        failed = write_failed(path, exc, system_errno)
+        return str(failed.retold(path, action or "try again"))
     if isinstance(exc, (apsw.BusyError, apsw.LockedError)):
         return (f"{path} is locked: another process holds its write lock and kept it past "
                 f"the {BUSY_TIMEOUT_MS / 1000:g} s busy timeout; nothing was changed, try "
@@ -435,15 +443,31 @@ def sqlite_failure(path: str, exc: apsw.Error, *, write: bool) -> str | None:
     return None
 
 
+#: What to do once the writes that creating a database needs (its WAL switch and its
+#: migrations, each one transaction) have room: until then no command can read it.
+_OPEN_AGAIN = "open it again with open_store, which completes a database it began"
+
+
+def _errno_of(conns: list[apsw.Connection]) -> int:
+    """The errno of the last connection opened (the one that failed), 0 if none."""
+    try:
+        return int(conns[-1].system_errno) if conns else 0
+    except apsw.Error:
+        return 0
+
+
 @contextlib.contextmanager
-def _opening(path: str, conns: list[apsw.Connection], *, write: bool = True) -> Iterator[None]:
+def _opening(path: str, conns: list[apsw.Connection], *, write: bool = True,
+             action: str = "try again") -> Iterator[None]:
     """Close what was opened if opening fails, and word SQLite's errors."""
     try:
         yield
     except BaseException as exc:
         # Worded before the connections close: a count of open descriptors
         # must still see what the failed open holds.
-        said = sqlite_failure(path, exc, write=write) if isinstance(exc, apsw.Error) else None
+        said = (sqlite_failure(path, exc, write=write, system_errno=_errno_of(conns),
+                               action=action)
+                if isinstance(exc, apsw.Error) else None)
         for conn in reversed(conns):
             close_quietly(conn)
         if isinstance(exc, apsw.NotADBError):
@@ -453,6 +477,12 @@ def _opening(path: str, conns: list[apsw.Connection], *, write: bool = True) -> 
         if isinstance(exc, apsw.Error):
             raise StoreOpenError(said or f"{path}: {exc}") from exc
         raise
+
+
+def _is_empty(conn: apsw.Connection) -> bool:
+    """Whether the database holds no schema at all (a file created and never migrated)."""
+    row = conn.execute("SELECT COUNT(*) FROM sqlite_schema").fetchone()
+    return row is not None and row[0] == 0
 
 
 def _not_agentrt(path: str, exc: apsw.Error) -> StoreOpenError:
@@ -482,7 +512,7 @@ def open_writer(path: str) -> tuple[apsw.Connection, apsw.Connection]:
     refuse_other_names(path)
     uri = sqlite_uri(path, {})
     conns: list[apsw.Connection] = []
-    with _opening(path, conns):
+    with _opening(path, conns, action=_OPEN_AGAIN):
         conns.append(connect(uri, write=True, create=True))
         conn = conns[0]
         refuse_unsafe_schema(conn, path)
@@ -514,7 +544,7 @@ def open_reader(path: str, read_only: bool) -> tuple[apsw.Connection, apsw.Conne
             raise StoreOpenError(refusal or f"{path} can only be opened read-only")
         try:
             refuse_unsafe_schema(conns[0], path)
-        except (apsw.ReadOnlyError, apsw.CantOpenError) as exc:
+        except (apsw.ReadOnlyError, apsw.CantOpenError, *WRITE_FAILED) as exc:
             if not (read_only and _cannot_make_shm(path, exc)):
                 raise
             # A WAL database without its -shm in a directory this user cannot
@@ -533,6 +563,11 @@ def open_reader(path: str, read_only: bool) -> tuple[apsw.Connection, apsw.Conne
         try:
             version = current_version(conns[0])
         except apsw.SQLError as exc:
+            if _is_empty(conns[0]):
+                raise StoreOpenError(
+                    f"{path} is an empty database: its tables were never created (an "
+                    "open_store that stopped part-way, on a full disk, leaves one); open it "
+                    "with the consumer's open_store, which creates them") from exc
             raise _not_agentrt(path, exc) from exc
         if version != SCHEMA_VERSION:
             raise _version_error(path, version)
@@ -547,12 +582,26 @@ def _cannot_make_shm(path: str, exc: apsw.Error) -> bool:
     (SQLite says "unable to open" when a -wal is there)."""
     if isinstance(exc, apsw.ReadOnlyError):
         return _extended(exc) == apsw.SQLITE_READONLY_DIRECTORY
+    if isinstance(exc, WRITE_FAILED):  # a full disk: the -shm's 32 KiB could not be written
+        return _shm_size(path) < _SHM_SIZE
     return not os.path.exists(path + "-shm") and (
         _on_read_only_fs(path) or not os.access(_directory_of(path), os.W_OK | os.X_OK))
 
 
 #: The size of a -wal's header; anything past it is frames.
 _WAL_HEADER = 32
+#: The size of a -shm that SQLite has made (its first region).
+_SHM_SIZE = 32768
+#: SQLite's extended codes for a -shm it could not make.
+_SHM_FAILED = frozenset((apsw.SQLITE_IOERR_SHMOPEN, apsw.SQLITE_IOERR_SHMSIZE,
+                         apsw.SQLITE_IOERR_SHMMAP))
+
+
+def _shm_size(path: str) -> int:
+    try:
+        return os.path.getsize(path + "-shm")
+    except OSError:
+        return 0
 
 
 def _unread_wal(path: str) -> str | None:
@@ -564,6 +613,11 @@ def _unread_wal(path: str) -> str | None:
     except OSError:
         return None
     name = os.path.basename(path)
+    if _shm_size(path) < _SHM_SIZE and not (
+            _on_read_only_fs(path) or not os.access(_directory_of(path), os.W_OK | os.X_OK)):
+        return (f"{path}-wal may hold commits not yet in {name}, and SQLite reads them only "
+                f"through {name}-shm, which the full file system holding it has no room "
+                f"for: free {_SHM_SIZE // 1024} KiB there and try again")
     where = ("on a read-only file system" if _on_read_only_fs(path)
              else f"in {_directory_of(path)}, which this user cannot write")
     return (f"{path}-wal may hold commits not yet in {name}, and SQLite reads them only "

@@ -10,6 +10,9 @@ not commit.
 
 from __future__ import annotations
 
+import errno
+import os
+import resource
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime
@@ -28,6 +31,9 @@ from agentrt.timefmt import format_time
 __all__ = [
     "ChainHead",
     "StoreClosedError",
+    "StoreFullError",
+    "StoreIOError",
+    "StoreWriteError",
     "TransactionOpenError",
     "Tx",
     "TxScope",
@@ -47,6 +53,65 @@ class TransactionOpenError(AgentrtError, apsw.SQLError):
     ``store.tx()`` inside another). Also the ``apsw.SQLError`` SQLite raises."""
 
     base = "agentrt: a transaction is already open on this store"
+
+
+class StoreWriteError(apsw.Error):
+    """A transaction SQLite could not write to the file, rolled back whole: the
+    file system is full, the file reached the process's size limit, or a disk
+    I/O error. Its text is one sentence: the database, the cause, the fix.
+
+    An ``apsw.Error`` (a :class:`StoreFullError` is an ``apsw.FullError``, a
+    :class:`StoreIOError` an ``apsw.IOError``), as such a write raised before.
+    """
+
+    def __init__(self, path: str, cause: str, remedy: str, action: str = "try again") -> None:
+        self.path = path
+        self.cause = cause
+        self.remedy = remedy
+        self.action = action
+        super().__init__(f"{path}: {cause}, so the transaction was rolled back (the database "
+                         f"is as it was before it); {remedy} and {action}")
+
+    def retold(self, path: str = "", action: str = "") -> StoreWriteError:
+        """The same failure said of ``path`` as the caller named it, with the
+        caller's next ``action`` (``resume run R``)."""
+        told = type(self)(path or self.path, self.cause, self.remedy, action or self.action)
+        told.__cause__ = self.__cause__
+        return told
+
+
+class StoreFullError(StoreWriteError, apsw.FullError):
+    """:class:`StoreWriteError` for want of space (SQLITE_FULL, ENOSPC, EDQUOT, EFBIG)."""
+
+
+class StoreIOError(StoreWriteError, apsw.IOError):
+    """:class:`StoreWriteError` for a disk I/O error SQLite reported (SQLITE_IOERR)."""
+
+
+#: The failures of a write that :func:`write_failed` words.
+WRITE_FAILED = (apsw.FullError, apsw.IOError)
+
+
+def write_failed(path: str, exc: apsw.Error, system_errno: int = 0) -> StoreWriteError:
+    """The :class:`StoreWriteError` for ``exc`` (an apsw.FullError or IOError) met
+    writing ``path``; ``system_errno`` is the connection's errno just after it
+    (SQLite says "disk I/O error" for a write past the file size limit)."""
+    if isinstance(exc, StoreWriteError):
+        return exc.retold(path)
+    if system_errno == errno.EFBIG:
+        soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        return StoreFullError(
+            path, f"it reached this process's file size limit ({soft} bytes, ulimit -f)",
+            "raise the limit (ulimit -f unlimited)")
+    if system_errno == errno.EDQUOT:
+        return StoreFullError(path, "its owner's disk quota on the file system holding it "
+                              "is used up", "free space there")
+    if isinstance(exc, apsw.FullError) or system_errno == errno.ENOSPC:
+        return StoreFullError(path, "the file system holding it is full", "free space there")
+    said = f"{exc}: {os.strerror(system_errno)}" if system_errno else str(exc)
+    return StoreIOError(path, f"disk I/O error ({said})",
+                        "check the file system holding it (full, read-only or failing), "
+                        "run agentrt verify on it")
 
 
 #: What apsw raises for a statement on a closed connection (or its cursor).
@@ -269,17 +334,26 @@ class Tx:
             if exc_type is None:
                 try:
                     cur.execute("COMMIT")
-                except BaseException:
+                except BaseException as failed:
+                    said = conn.system_errno  # the write's errno, before the rollback
                     if conn.in_transaction:
                         cur.execute("ROLLBACK")
+                    if isinstance(failed, WRITE_FAILED):
+                        raise write_failed(conn.filename, failed, said) from failed
                     raise
                 known = self._known_head
                 if known is not None and self._head_seq is not None:
                     known.version = conn.data_version()
                     known.seq = self._head_seq
                     known.hash = self._head_hash
-            elif conn.in_transaction:
-                cur.execute("ROLLBACK")
+            else:
+                said = conn.system_errno
+                if conn.in_transaction:
+                    cur.execute("ROLLBACK")
+                if isinstance(exc, WRITE_FAILED) and not isinstance(exc, StoreWriteError):
+                    # A statement's page write (a cache spill, or a new page of a
+                    # growing table) met the full disk before COMMIT did.
+                    raise write_failed(conn.filename, exc, said) from exc
         finally:
             self._lock.__exit__(None, None, None)
         observer = self._observer
