@@ -26,6 +26,7 @@ __all__ = [
     "canonical_text",
     "check_json",
     "content_hash",
+    "content_key",
     "policy_json",
 ]
 
@@ -272,10 +273,16 @@ def policy_json(data: bytes) -> bytes:
 
 def content_hash(data: bytes) -> str:
     """Hex sha256 of the canonical form, or of the raw bytes if they do not decode."""
+    return hashlib.sha256(content_key(data)).hexdigest()
+
+
+def content_key(data: bytes) -> bytes:
+    """The bytes :func:`content_hash` hashes: equal keys, equal hashes. A comparison
+    of contents needs no hash (each sha256 costs several thousand instructions)."""
     try:
-        return hashlib.sha256(_canonical(data, html=True)).hexdigest()
+        return _canonical(data, html=True)
     except (ValueError, RecursionError):
-        return hashlib.sha256(data).hexdigest()
+        return data
 
 
 # A string literal (possibly cut short by the end of input), or one bracket.

@@ -8,10 +8,11 @@ tokens, cost) are projected by the model caller before each dispatch instead.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from agentrt.canonical import content_hash
+from agentrt.canonical import content_key
 from agentrt.driver.session import Ending, PreEvent
 from agentrt.events import EventType
 from agentrt.gojson import sorted_map
@@ -48,25 +49,27 @@ _TOOL_CALL = DecisionKind.TOOL_CALL.value
 _INVALID_DECISION = ObservationKind.INVALID_DECISION.value
 
 
-def _signature(step: Step, args_hashes: dict[str, str]) -> tuple[str, str, str] | None:
+def _signature(step: Step, args_keys: dict[str, bytes]) -> tuple[str, bytes, str] | None:
+    """(tool, the arguments' :func:`content_key`, the observation's hash), or None."""
     d, obs = step.decision, step.observation
     if d is None or d.kind != _TOOL_CALL or obs is None:
         return None
     if obs.kind == _INVALID_DECISION:
         return None
-    args_hash = args_hashes.get(step.id)
-    if args_hash is None:
-        args_hash = args_hashes[step.id] = content_hash(d.args or b"{}")
-    return d.tool, args_hash, obs.content_hash
+    args_key = args_keys.get(step.id)
+    if args_key is None:
+        args_key = args_keys[step.id] = content_key(d.args or b"{}")
+    return d.tool, args_key, obs.content_hash
 
 
-def loop_streak(steps: list[Step], stop_at: int,
-                args_hashes: dict[str, str]) -> tuple[int, tuple[str, str, str] | None]:
-    """How many trailing steps made the same call and got the same observation."""
-    first: tuple[str, str, str] | None = None
+def _streak(steps: list[Step], stop_at: int,
+            args_keys: dict[str, bytes]) -> tuple[int, tuple[str, bytes, str] | None]:
+    """:func:`loop_streak` with the arguments' content keys (equal keys, equal
+    hashes): the hash is taken only for a loop found, not once a step."""
+    first: tuple[str, bytes, str] | None = None
     n = 0
     for step in reversed(steps):
-        sig = _signature(step, args_hashes)
+        sig = _signature(step, args_keys)
         if sig is None or (first is not None and sig != first):
             break
         first = sig
@@ -74,6 +77,17 @@ def loop_streak(steps: list[Step], stop_at: int,
         if n >= stop_at:
             break
     return n, first
+
+
+def loop_streak(steps: list[Step], stop_at: int,
+                args_keys: dict[str, bytes]) -> tuple[int, tuple[str, str, str] | None]:
+    """How many trailing steps made the same call and got the same observation, and
+    that call's (tool, arguments' hash, observation's hash). ``args_keys`` caches
+    each step's arguments' :func:`content_key` by step id."""
+    n, first = _streak(steps, stop_at, args_keys)
+    if first is None:
+        return n, None
+    return n, (first[0], hashlib.sha256(first[1]).hexdigest(), first[2])
 
 
 def _failed(reason: Reason, detail: str, limit: bool = True) -> Ending:
@@ -84,7 +98,7 @@ _UNLIMITED = timedelta(0)
 
 
 def check_before_step(
-    run: Run, steps: list[Step], now: Callable[[], datetime], args_hashes: dict[str, str]
+    run: Run, steps: list[Step], now: Callable[[], datetime], args_keys: dict[str, bytes]
 ) -> tuple[Ending, list[PreEvent]] | None:
     """The ending the limits call for before the next step, or None to go on."""
     limits: Limits = run.limits
@@ -106,10 +120,11 @@ def check_before_step(
             return _failed(
                 Reason.LIMIT_ELAPSED_TIME,
                 f"elapsed time reached limit {format_duration(duration_ns(max_elapsed))}"), []
-    repeats, sig = loop_streak(steps, limits.loop_threshold, args_hashes)
+    repeats, sig = _streak(steps, limits.loop_threshold, args_keys)
     if sig is not None and repeats >= limits.loop_threshold:
         at = now()
-        tool, args_hash, obs_hash = sig
+        tool, args_key, obs_hash = sig
+        args_hash = hashlib.sha256(args_key).hexdigest()
         pre = PreEvent("", at, EventType.LOOP_DETECTED.value, sorted_map({
             "args_hash": args_hash,
             "observation_hash": obs_hash,

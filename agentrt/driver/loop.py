@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import hashlib
 from typing import Any
 
 import apsw
@@ -65,7 +64,7 @@ from agentrt.records import (
     approval_hash,
 )
 from agentrt.store.tx import StoreWriteError
-from agentrt.store.writes import check_run, start_step, transition
+from agentrt.store.writes import start_step, transition
 
 __all__ = ["apply", "evaluate", "run_loop"]
 
@@ -417,9 +416,9 @@ def _propose(s: Session, run: Run, step: Step, decision: Decision,
     request = ToolRequest(s.run_id, step.id, spec, original.args or b"{}")
     policy_args, canonical_args = forms
     if canonical_args:
-        # The loop check's hash of these arguments (limits._signature), from the
-        # canonical form just made with their check.
-        s.signatures[step.id] = hashlib.sha256(canonical_args).hexdigest()
+        # The loop check's key for these arguments (limits._signature): the
+        # canonical form just made with their check, hashed only for a loop found.
+        s.signatures[step.id] = canonical_args
     view = RunView(copy_run(run), *shown)
     pd, perr = evaluate(s, request, view, policy_args or None)
     return apply(s, stored, DECIDING, request, pd, perr, view, entry)
@@ -663,18 +662,29 @@ def execute(s: Session, step: Step, expected: tuple[str, ...], request: ToolRequ
     executing.status = EXECUTING[0]
     if grant is not None:
         executing.started_at = start_at
-    started: dict[str, Any] = (
-        {"args": Raw(request.args), "tool": request.spec.name} if grant is None
-        else {"approval_id": grant.id, "args": Raw(request.args), "tool": request.spec.name})
+    started: bytes | dict[str, Any]
+    if grant is None:
+        # {"args": Raw(request.args), "tool": ...} as encode writes it, without
+        # compacting and checking the arguments again (a Raw costs a dozen times
+        # its bytes here): they passed their check (_invalid), and the decision
+        # just recorded holds them as Raw is written, compacted and escaped.
+        assert step.decision is not None
+        started = b'{"args":%b,"tool":%b}' % (step.decision.args or b"{}",
+                                               encode(request.spec.name))
+    else:
+        started = {"approval_id": grant.id, "args": Raw(request.args),
+                   "tool": request.spec.name}
     with s.tx() as tx:
         # Read once the write lock is held: BEGIN IMMEDIATE may wait up to the
         # busy timeout, and the tool must not start on a lease that ran out meanwhile.
         wall_at = core.wall()
         if grant is not None:
             resume_run(s, grant, policy_at, wall_at, tx)
+            stored = s.write_step(tx, executing, expected)
         else:
-            check_run(tx, s.run_id, RUNNING, owner=core.owner, live_at=wall_at)
-        stored = s.write_step(tx, executing, expected)
+            # check_run(..., live_at=wall_at) and the write, in one statement
+            # while the lease expiry last read is still the stored one.
+            stored = s.write_step(tx, executing, expected, live_at=wall_at)
         s.put_spec(tx, *entry)
         s.append(tx, step.id, policy_at, _STEP_POLICY, event)
         s.append(tx, step.id, start_at, _STEP_TOOL_STARTED, started)

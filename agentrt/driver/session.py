@@ -187,7 +187,8 @@ class Session:
     worker: Worker = field(default_factory=Worker)
     model_in_flight: InFlight = field(default_factory=InFlight)
     specs_written: set[str] = field(default_factory=set)
-    signatures: dict[str, str] = field(default_factory=dict)
+    #: Each step's arguments' content key (``canonical.content_key``) for the loop check.
+    signatures: dict[str, bytes] = field(default_factory=dict)
     _last: tuple[Step, tuple[str, str, str, str]] | None = None
     _limits_text: str = ""
     _shared: int = 0
@@ -252,18 +253,6 @@ class Session:
             put_tool_spec(tx, spec_hash, text)
             self.specs_written.add(spec_hash)
 
-    def _cache_step(self, step: Step) -> None:
-        steps = self.steps
-        assert steps is not None
-        if step.index < len(steps):
-            if step.index < self._shared:
-                # A snapshot handed out may cover this step: leave it the old list.
-                steps = self.steps = list(steps)
-                self._shared = 0
-            steps[step.index] = step
-        else:
-            steps.append(step)
-
     def step_snapshot(self, n: int) -> Snapshot[Step]:
         """The first ``n`` steps as consumers see them, at O(1) cost."""
         steps = self.steps or []
@@ -276,7 +265,7 @@ class Session:
         return Snapshot(approvals, len(approvals))  # approvals are only ever appended
 
     def write_step(self, tx: Tx, step: Step, expected: tuple[str, ...] | None, *,
-                   running: bool = False) -> Step:
+                   running: bool = False, live_at: datetime | None = None) -> Step:
         """Insert (``expected`` None) or compare-and-set a step; the cache gets the row
         in its stored form, equal to what a reload decodes.
 
@@ -285,7 +274,9 @@ class Session:
 
         A part unchanged since this step's last write (the same object) is neither
         encoded nor converted again. ``running``: the same statement requires the
-        run to be RUNNING under this session's lease.
+        run to be RUNNING under this session's lease; ``live_at`` (a wall-clock
+        reading, for a step about to start its tool) also that the lease has not
+        expired by then (``check_run``'s ``live_at``), from the expiry last read.
         """
         last = self._last
         if last is not None and last[0].id == step.id:
@@ -320,6 +311,9 @@ class Session:
         )
         if expected is None:
             insert_step(tx, row)
+        elif live_at is not None:
+            update_step(tx, row, expected, running_for=self.core.owner,
+                        live=(self._expires_text, live_at))
         else:
             update_step(tx, row, expected, running_for=self.core.owner if running else None)
         # The step is the caller's own copy (``evolve``): it becomes the stored
@@ -327,7 +321,18 @@ class Session:
         step.decision, step.policy, step.observation = decision, policy, observation_
         step.decode_error = ""
         self._last = (step, (d_text, p_text, o_text, s_text))
-        self._cache_step(step)
+        # Into the cache (inline: four writes a step).
+        steps = self.steps
+        assert steps is not None
+        index = step.index
+        if index < len(steps):
+            if index < self._shared:
+                # A snapshot handed out may cover this step: leave it the old list.
+                steps = self.steps = list(steps)
+                self._shared = 0
+            steps[index] = step
+        else:
+            steps.append(step)
         return step
 
     def decision_json(self) -> str:
@@ -339,7 +344,12 @@ class Session:
                payload: bytes | dict[str, Any] | None = None) -> None:
         """Append one of the run's events. Every payload the loop writes is a dict
         or bytes this package's encoder wrote, so it is not parsed again."""
-        tx.append_encoded(self.run_id, step_id, at, type, _encoded(payload))
+        # _encoded, inline: five events a step.
+        if isinstance(payload, dict):
+            data = encode(payload)
+        else:
+            data = payload if payload and payload.strip() else b"{}"
+        tx.append_encoded(self.run_id, step_id, at, type, data)
 
     def end_in_tx(self, tx: Tx, end: StepEnd, at: datetime, *, running: bool = False) -> Step:
         """The step-end rows and events: the run's active time, the step, then

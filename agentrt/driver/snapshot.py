@@ -26,7 +26,7 @@ class Snapshot(Sequence[T]):
     It keeps a reference to the owner's list and a length, so taking one costs
     the same at any run length. The owner promises never to change an element
     below that length in place (the session copies its list before it rewrites
-    a step a snapshot may cover, see ``Session._cache_step``).
+    a step a snapshot may cover, see ``Session.write_step``).
     """
 
     __slots__ = ("_items", "_n")

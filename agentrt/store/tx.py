@@ -397,6 +397,16 @@ class Tx:
             row = self._conn.execute(sql, storable(params)).fetchone()
         return tuple(row) if row is not None else None
 
+    def only(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+        """:meth:`one` for a query that yields at most one row (a lookup by primary
+        key): on the transaction's shared cursor, read to its end, so it holds
+        nothing afterwards and skips a cursor of its own (a third of the query)."""
+        try:
+            rows = self._cur.execute(sql, params).fetchall()
+        except UnicodeEncodeError:
+            rows = self._cur.execute(sql, storable(params)).fetchall()
+        return tuple(rows[0]) if rows else None
+
     def changes(self) -> int:
         """Rows changed by the last statement (compare-and-set writes check it)."""
         return int(self._conn.changes())

@@ -126,7 +126,7 @@ def check_run(
     stored lease must also not have expired by that wall-clock instant
     (LeaseLostError).
     """
-    row = tx.one(
+    row = tx.only(
         "SELECT status, lease_owner, lease_expires_at FROM runs WHERE id = ?", (run_id,)
     )
     if row is None:
@@ -360,9 +360,10 @@ def _step_not_in(tx: Tx, step_id: str, expected: Sequence[str]) -> RunStateError
 
 
 @functools.cache
-def _update_step_sql(n_expected: int, guarded: bool) -> str:
+def _update_step_sql(n_expected: int, guarded: bool, lease: bool = False) -> str:
+    expiry = " AND lease_expires_at = ?" if lease else ""
     guard = (" AND EXISTS (SELECT 1 FROM runs WHERE id = ? AND status = 'RUNNING' "
-             "AND lease_owner = ?)") if guarded else ""
+             f"AND lease_owner = ?{expiry})") if guarded else ""
     return ("UPDATE steps SET status = ?, decision_json = ?, policy_json = ?, "
             "observation_json = ?, observation_hash = ?, started_at = ?, finished_at = ?, "
             "spec_hash = ?, policy_id = ? "
@@ -370,14 +371,31 @@ def _update_step_sql(n_expected: int, guarded: bool) -> str:
 
 
 def update_step(tx: Tx, row: Sequence[Any], expected: Sequence[str], *,
-                running_for: str | None = None) -> None:
+                running_for: str | None = None,
+                live: tuple[str, datetime] | None = None) -> None:
     """Rewrite a step from a full row, only if it is still in an ``expected`` status.
 
     With ``running_for`` (a lease owner) the write also requires the run to be
     RUNNING under that owner, in the same statement; when it is not, the
     error says why (as :func:`check_run` does).
+
+    ``live`` (with ``running_for``) is a step about to start a side effect:
+    (the lease expiry text last read, a wall-clock instant), and the write
+    does what :func:`check_run` with ``live_at`` and then the plain write do.
+    While that text, still stored, is a time after the instant, the same
+    statement checks it and the run is not read; otherwise (say, the
+    heartbeat renewed the lease since) the run is read and checked first.
     """
     step_id = row[0]
+    if live is not None and running_for is not None:
+        expires_text, live_at = live
+        expires = _parse(expires_text)
+        if expires is not None and expires > live_at and tx.run(
+                _update_step_sql(len(expected), True, True),
+                (*row[3:], step_id, *expected, row[1], running_for, expires_text)):
+            return
+        check_run(tx, str(row[1]), (RUNNING,), owner=running_for, live_at=live_at)
+        running_for = None  # just checked: the plain compare-and-set follows
     if running_for is None:
         changed = tx.run(_update_step_sql(len(expected), False), (*row[3:], step_id, *expected))
     else:
