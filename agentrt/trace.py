@@ -30,6 +30,7 @@ import re
 import select
 import stat
 import threading
+import time
 import unicodedata
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -38,13 +39,14 @@ from typing import IO, Any
 
 import orjson
 
-from agentrt.errors import described
+from agentrt.errors import AgentrtError, described
 from agentrt.events import Event, Observer
 from agentrt.gojson import encode_string
 from agentrt.timefmt import format_time_nano, local_stamp
 
 __all__ = [
     "LineWriter",
+    "OutputStopped",
     "aligned_line",
     "check_stream",
     "display_width",
@@ -437,16 +439,35 @@ class _UTF8UnderText:
         return int(self._buffer.fileno())
 
 
+class OutputStopped(AgentrtError):
+    """A :class:`LineWriter`'s ``stop`` was set while it waited for a full
+    output to take more: the write was given up part way, after
+    :attr:`LineWriter.arrived` bytes of a :meth:`LineWriter.write_through`."""
+
+    base = "agentrt: the output was full (its reader took no more) when the stop came"
+
+
+#: How long a wait on a full descriptor goes before it looks at ``stop`` again.
+_STOP_POLL_MS = 50
+#: How long a stop lets a record already part written wait to be finished.
+_FINISH_RECORD_S = 5.0
+
+
 class LineWriter:
     """Writes whole lines to one stream from many threads.
 
     A lock keeps concurrent lines whole. The first write (or flush) failure
     is remembered: every later line fails with it too, so whoever feeds the
     writer stops at the first lost line instead of leaving a gap.
+
+    With ``wait``, a non-blocking descriptor that is full is waited out, as a
+    blocking one would be; ``stop``, once set, ends such a wait (a reader that
+    takes nothing must not hold up a shutdown for ever) with
+    :class:`OutputStopped`.
     """
 
     def __init__(self, stream: IO[bytes] | IO[str], *, flush_each: bool = True,
-                 wait: bool = False) -> None:
+                 wait: bool = False, stop: threading.Event | None = None) -> None:
         self._stream: Any = stream
         self._text = _is_text(stream)
         if self._text and not _encodes_utf8(stream) and hasattr(stream, "buffer"):
@@ -455,6 +476,7 @@ class LineWriter:
         #: Whether :meth:`write` waits out a non-blocking descriptor that is full
         #: (the line goes straight to the descriptor then, so flush_each holds).
         self._wait = wait and _descriptor(stream) is not None
+        self._stop = stop
         self._lock = threading.Lock()
         self._err: Exception | None = None
         #: Bytes of the last :meth:`write_through` known to have arrived.
@@ -494,32 +516,52 @@ class LineWriter:
         except OSError:
             return None  # the stream's own write then says what is wrong
 
-    def _write_waiting(self, fd: int, data: bytes) -> None:
+    def _write_waiting(self, fd: int, data: bytes, *, counted: bool = False) -> None:
         """Write ``data`` whole to the non-blocking ``fd``, waiting whenever it
-        is full, as a blocking descriptor would (and as the Go reference does).
+        is full, as a blocking descriptor would (and as the Go reference does);
+        with ``counted``, adding to :attr:`arrived` what ``fd`` took.
 
         The stream's layers would lose track of a line cut short by EAGAIN (a
         text stream drops what it had pending), so what they hold is pushed
         out first and the line goes to the descriptor itself. A reader that
-        has gone (EPIPE) or any other error still raises.
+        has gone (EPIPE) or any other error still raises, and so does a stop.
         """
-        if hasattr(self._stream, "flush"):
-            while True:
-                try:
-                    self._stream.flush()
-                    break
-                except BlockingIOError:
-                    _wait_writable(fd)
+        self._flush_waiting(fd)
         view = memoryview(data)
-        while view:
+        done, end, deadline = 0, len(data), None
+        while done < end:
             try:
-                n = os.write(fd, view)
+                n = os.write(fd, view[done:end])
             except BlockingIOError:
-                _wait_writable(fd)
+                try:
+                    _wait_writable(fd, self._stop if deadline is None else None, deadline)
+                except OutputStopped:
+                    if deadline is not None or done == 0 or data[done - 1] == 0x0A:
+                        raise  # at a record's edge, or the record could not be finished
+                    # Stopped part way through a record: finish it, so a reader that
+                    # still reads gets no torn line, for a few seconds at most.
+                    newline = data.find(b"\n", done)
+                    end = newline + 1 if newline >= 0 else end
+                    deadline = time.monotonic() + _FINISH_RECORD_S
                 continue
             if n == 0:
                 raise OSError("write took no bytes")
-            view = view[n:]
+            if counted:
+                self.arrived += n
+            done += n
+        if end < len(data):
+            raise OutputStopped  # the record in hand was finished, the rest given up
+
+    def _flush_waiting(self, fd: int) -> None:
+        """Push out what the stream's layers hold, waiting while ``fd`` is full."""
+        if not hasattr(self._stream, "flush"):
+            return
+        while True:
+            try:
+                self._stream.flush()
+                return
+            except BlockingIOError:
+                _wait_writable(fd, self._stop)
 
     def _write_bytes(self, data: bytes) -> None:
         n = self._stream.write(data)
@@ -543,13 +585,18 @@ class LineWriter:
         destination: after a failure (a full disk, a file size limit) some may
         have. A binary stream over a regular file is flushed, then written
         with ``os.write``, which says how much the file took; any other stream
-        counts all or nothing (what a pipe took, its reader may never read)."""
+        counts all or nothing (what a pipe took, its reader may never read),
+        but for a wait that ``stop`` cut short: its reader is still there, so
+        what the descriptor took is counted."""
         with self._lock:
             self.arrived = 0
             if self._err is not None:
                 raise self._err.with_traceback(None)
             try:
                 fd = self._flushed_fd()
+                if fd is None and self._wait and (waiting := self._nonblocking_fd()) is not None:
+                    self._write_through_waiting(waiting, data)
+                    return
                 if fd is None:
                     if self._text:
                         self._stream.write(data.decode("utf-8"))
@@ -567,6 +614,16 @@ class LineWriter:
             except Exception as exc:
                 self._err = exc
                 raise
+
+    def _write_through_waiting(self, fd: int, data: bytes) -> None:
+        """:meth:`write_through` to the non-blocking ``fd`` (not a regular file)."""
+        try:
+            self._write_waiting(fd, data, counted=True)
+        except OutputStopped:
+            raise  # the reader is there, and reads what the descriptor took
+        except Exception:
+            self.arrived = 0  # a reader that has gone never reads what the pipe holds
+            raise
 
     def _flushed_fd(self) -> int | None:
         """The descriptor of a binary stream over a regular file, its buffer
@@ -591,7 +648,11 @@ class LineWriter:
             if not hasattr(self._stream, "flush"):
                 return
             try:
-                self._stream.flush()
+                fd = self._nonblocking_fd() if self._wait else None
+                if fd is not None:
+                    self._flush_waiting(fd)
+                else:
+                    self._stream.flush()
             except Exception as exc:
                 self._err = exc
                 raise
@@ -605,12 +666,22 @@ def _descriptor(stream: Any) -> int | None:
         return None
 
 
-def _wait_writable(fd: int) -> None:
+def _wait_writable(fd: int, stop: threading.Event | None = None,
+                   deadline: float | None = None) -> None:
     """Block until ``fd`` can take bytes, or has an error the next write reports
-    (a reader that has gone: EPIPE)."""
+    (a reader that has gone: EPIPE); raise :class:`OutputStopped` once ``stop``
+    is set, or the ``deadline`` (``time.monotonic``) passed, while ``fd`` is
+    still full. A reader that has gone is seen before the stop, so a closed
+    pipe is never taken for a stop."""
     poller = select.poll()
     poller.register(fd, select.POLLOUT)
-    poller.poll()
+    if stop is None and deadline is None:
+        poller.poll()
+        return
+    while not poller.poll(_STOP_POLL_MS):
+        if (stop is not None and stop.is_set()) or (
+                deadline is not None and time.monotonic() >= deadline):
+            raise OutputStopped
 
 
 def check_stream(stream: Any, made_by: str, error: type[Exception] | None = None) -> None:

@@ -18,7 +18,7 @@ from agentrt_export.follower import (
     PartialPage,
 )
 from agentrt_export.signals import stop_on_signals
-from agentrt_export.sinks import JSONLSink
+from agentrt_export.sinks import JSONLSink, OutputStopped
 
 __all__ = [
     "DEFAULT_PAGE_SIZE",
@@ -33,6 +33,7 @@ __all__ = [
     "Follower",
     "JSONLSink",
     "MemoryCursor",
+    "OutputStopped",
     "PageSink",
     "PartialPage",
     "stop_on_signals",

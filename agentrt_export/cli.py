@@ -37,7 +37,7 @@ from agentrt_export.follower import (
     file_identity,
 )
 from agentrt_export.signals import stop_on_signals
-from agentrt_export.sinks import JSONLSink
+from agentrt_export.sinks import JSONLSink, OutputStopped
 
 __all__ = ["FollowSettings", "follower_options", "main", "run_follower"]
 
@@ -251,8 +251,11 @@ def _follow(
             _silence_stdout()
         except AgentrtError as exc:
             if clean_stop is not None and isinstance(exc, clean_stop):
-                click.echo(sanitize(f"stopped: {exc}; the page is sent again on restart"),
-                           err=True)
+                # A full output gave up the page after its whole records, which
+                # the cursor passed; any other stop gave up the whole page.
+                rest = (_resumes(cursor) if isinstance(exc, OutputStopped)
+                        else "the page is sent again on restart")
+                click.echo(sanitize(f"stopped: {exc}; {rest}"), err=True)
                 return
             raise _failure(str(exc)) from None
         except apsw.Error as exc:
@@ -363,8 +366,9 @@ def jsonl(**kw: Any) -> None:
     deduplicate on it.
     """
     settings = settings_from(**kw)
-    run_follower(settings, lambda store, stop: JSONLSink(sys.stdout.buffer, on_mend=_note),
-                 records_on_stdout=True)
+    run_follower(settings,
+                 lambda store, stop: JSONLSink(sys.stdout.buffer, on_mend=_note, stop=stop),
+                 clean_stop=OutputStopped, records_on_stdout=True)
 
 
 def _note(sentence: str) -> None:

@@ -10,14 +10,16 @@ import fcntl
 import io
 import os
 import stat
+import threading
 from collections.abc import Callable, Sequence
 from typing import IO
 
+from agentrt.errors import described
 from agentrt.events import Event
-from agentrt.trace import LineWriter, check_stream, jsonl_record
+from agentrt.trace import LineWriter, OutputStopped, check_stream, jsonl_record
 from agentrt_export.follower import FollowError, PartialPage
 
-__all__ = ["JSONLSink"]
+__all__ = ["JSONLSink", "OutputStopped"]
 
 
 class JSONLSink:
@@ -26,6 +28,15 @@ class JSONLSink:
 
     Prefer a binary stream (``sys.stdout.buffer``): records go out exactly as
     built. A text stream works too, with its encoding and newline handling.
+
+    A non-blocking output (a pipe a parent process made non-blocking) that is
+    full is waited out, as a blocking one would be, so a slow reader gets
+    every record whole and in order. Give the follower's ``stop`` event as
+    ``stop``: once it is set and the output stays full for a moment, the page
+    in hand is given up with :class:`~agentrt.trace.OutputStopped` after the
+    record part written is finished (given a few seconds; a reader that takes
+    nothing for that long gets a torn last line, which a restart writes again
+    whole). The cursor moves past the records written.
 
     A follower hands it whole pages (:meth:`handle_page`): a page's records
     go out in one write and are flushed before the follower saves the cursor,
@@ -41,10 +52,14 @@ class JSONLSink:
     """
 
     def __init__(self, stream: IO[bytes] | IO[str], *,
-                 on_mend: Callable[[str], None] | None = None) -> None:
+                 on_mend: Callable[[str], None] | None = None,
+                 stop: threading.Event | None = None) -> None:
         check_stream(stream, "JSONLSink", FollowError)
+        if stop is not None and not isinstance(stop, threading.Event):
+            raise FollowError(f"JSONLSink: stop is {described(stop)}, not a threading.Event "
+                              "or None: pass the event given to Follower.follow")
         self._stream = stream
-        self._out = LineWriter(stream, flush_each=False)
+        self._out = LineWriter(stream, flush_each=False, wait=True, stop=stop)
         self._write = self._out.write
         self._mended = False
         self._on_mend = on_mend

@@ -70,9 +70,10 @@ import ipaddress
 import logging
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, cast
 from urllib.parse import SplitResult, unquote, urlsplit
 
 from opentelemetry.sdk.resources import (
@@ -723,6 +724,32 @@ def _check_tls_files(env: Mapping[str, str]) -> None:
                               "name the PEM file, or unset it")
 
 
+class _StandardOutput:
+    """Standard output for the console exporter, written as the JSON Lines
+    export writes it: a full non-blocking pipe (a parent such as Node.js may
+    leave one) is waited out. The SDK's text stream ignored what such a pipe
+    did not take, and the cursor moved past spans never written."""
+
+    def __init__(self) -> None:
+        self._out: Any = None
+
+    def _writer(self) -> Any:
+        if self._out is None:  # sys.stdout as it is at the first span (tests swap it)
+            from agentrt.trace import LineWriter
+
+            stdout = sys.stdout
+            self._out = LineWriter(getattr(stdout, "buffer", stdout), flush_each=False,
+                                   wait=True)
+        return self._out
+
+    def write(self, text: str) -> int:
+        self._writer().write(text.encode("utf-8", "surrogateescape"))
+        return len(text)
+
+    def flush(self) -> None:
+        self._writer().flush()
+
+
 def build_exporter(
     config: OTelConfig, *, console_out: IO[str] | None = None,
     on_rejected: Callable[[int, str], None] | None = None,
@@ -736,9 +763,8 @@ def build_exporter(
     if config.exporter == "none":
         return None
     if config.exporter == "console":
-        if console_out is not None:
-            return ConsoleSpanExporter(out=console_out)
-        return ConsoleSpanExporter()
+        out = console_out if console_out is not None else cast(IO[str], _StandardOutput())
+        return ConsoleSpanExporter(out=out)
     from agentrt_otel.answers import (
         GRPC_CREDENTIAL_PROVIDERS,
         checked_grpc_exporter,
