@@ -461,7 +461,12 @@ def show(run_id: str, limit: int, offset: int, db: str | None, as_json: bool) ->
             return
         lease = None
         if page.run.status == RunStatus.RUNNING:  # only a running run is held
-            lease = lease_line(*store.lease(run_id), datetime.now(UTC))
+            owner, expires = store.lease(run_id)
+            # Read after the page: a run that ended meanwhile (its end clears
+            # the lease) is not said to be a running run nobody holds.
+            if owner or expires is not None or (
+                    store.get_run_capped(run_id).status == RunStatus.RUNNING):
+                lease = lease_line(owner, expires, datetime.now(UTC))
         for line in run_header(page.run, lease):
             out.line(line)
         pending: Pages[Approval] | None = None

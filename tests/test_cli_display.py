@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -177,3 +177,34 @@ def test_a_lease_another_program_wrote_is_shown_sanitized_and_an_unreadable_expi
     result = invoke("--db", db, "show", "r")
     assert result.code == 0, result.stderr
     assert result.stdout.splitlines()[3] == "lease   \\x1b[2Jme\\u{202e} (no readable expiry)"
+
+
+def test_show_of_a_run_that_ends_between_its_reads_does_not_say_nobody_holds_it(
+        tmp_path, monkeypatch):
+    # The page is one snapshot, the lease a read after it: a run its driver
+    # finished in between was shown RUNNING with "no process holds this run".
+    from click.testing import CliRunner
+    from store_helpers import insert_run
+
+    from agentrt.cli import cli
+    from agentrt.store import Store, open_store
+    from agentrt.timefmt import format_time
+
+    db = str(tmp_path / "x.db")
+    store = open_store(db)
+    with store.tx() as tx:
+        insert_run(tx, "r")
+        tx.execute("UPDATE runs SET lease_owner='host-1:42', lease_expires_at=? WHERE id='r'",
+                   (format_time(datetime.now(UTC) + timedelta(minutes=5)),))
+    real = Store.lease
+
+    def lease_after_the_run_ends(self, run_id):
+        with store.tx() as tx:
+            tx.execute("UPDATE runs SET status='COMPLETED', lease_owner='', "
+                       "lease_expires_at='' WHERE id='r'")
+        return real(self, run_id)
+
+    monkeypatch.setattr(Store, "lease", lease_after_the_run_ends)
+    out = CliRunner().invoke(cli, ["show", "r", "--db", db])
+    assert out.exit_code == 0, out.output
+    assert "status  RUNNING" in out.output and "lease" not in out.output

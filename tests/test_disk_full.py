@@ -527,3 +527,43 @@ def test_a_new_database_the_full_disk_cut_short_is_completed_by_the_next_open(
 
 if __name__ == "__main__":
     print(json.dumps(child(json.loads(sys.argv[1]))))
+
+
+def test_a_read_that_meets_a_disk_io_error_says_no_untrue_rollback(tmp_path):
+    # A read-only command has no transaction to roll back: its disk I/O error
+    # is said without one.
+    import apsw
+    from click.testing import CliRunner
+
+    from agentrt.cli import cli
+
+    failing = {"on": False}
+
+    class File(apsw.VFSFile):
+        def __init__(self, vfs: apsw.VFS, name: Any, flags: list[int]) -> None:
+            super().__init__("unix", name, flags)
+
+        def xRead(self, amount: int, offset: int) -> bytes:
+            if failing["on"]:
+                raise apsw.IOError("injected EIO")
+            return super().xRead(amount, offset)
+
+    class FailingReads(apsw.VFS):
+        def __init__(self) -> None:
+            super().__init__("failing-reads", "unix", makedefault=True)
+
+        def xOpen(self, name: Any, flags: list[int]) -> apsw.VFSFile:
+            return File(self, name, flags)
+
+    db = str(tmp_path / "x.db")
+    open_store(db).close()
+    vfs = FailingReads()
+    failing["on"] = True
+    try:
+        out = CliRunner().invoke(cli, ["runs", "--db", db])
+    finally:
+        failing["on"] = False
+        vfs.unregister()
+    assert out.exit_code == 1
+    assert "disk I/O error (injected EIO); check the file system holding it" in out.output
+    assert "rolled back" not in out.output

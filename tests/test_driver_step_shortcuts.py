@@ -156,3 +156,30 @@ class _OneCall:
 
     def decide(self, step: StepInput) -> Decision:
         return Decision.tool_call("noop", self.args)
+
+
+def test_the_loop_check_keeps_the_arguments_of_recent_steps_only():
+    # Its keys are each step's whole canonical arguments: a long run with large
+    # arguments must not keep every step's.
+    from _driver_kit import call, limits, make
+
+    from agentrt.driver import loop as loop_mod
+
+    seen: dict[str, dict[str, bytes]] = {}
+    real = loop_mod.check_before_step
+
+    def spy(run, steps, now, keys):
+        seen["keys"] = keys
+        return real(run, steps, now, keys)
+
+    tool = FuncTool("w", lambda c: ToolResult(b"{}", "ok"), side_effect="read_only", timeout=5)
+    script = [call("w", b'{"i":%d,"blob":"%s"}' % (i, b"x" * 20_000)) for i in range(60)]
+    d, _, _, _ = make(None, script=[*script, Decision.complete()], tools=[tool])
+    original = loop_mod.check_before_step
+    loop_mod.check_before_step = spy
+    try:
+        run = d.start("g", limits(max_steps=70, loop_threshold=3), run_id="r")
+    finally:
+        loop_mod.check_before_step = original
+    assert run.status == "COMPLETED"
+    assert len(seen["keys"]) <= 2 * 3 + 16

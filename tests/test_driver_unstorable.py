@@ -324,3 +324,54 @@ def test_a_tool_spec_grown_too_large_to_store_is_named_in_the_invalid_decision(t
     assert 'the spec of tool "read" (' in first.observation.summary
     assert first.spec_hash == ""
     assert_settled(store)
+
+
+def test_an_operator_decision_names_the_field_too_large_in_bytes_not_characters(tmp_path):
+    # SQLite's limit is in bytes: a `by` of 40,000 "€" (120 kB) does not fit
+    # where a note of 50,000 ASCII characters (50 kB) does.
+    by, note = "\u20ac" * 40_000, "a" * 50_000
+    assert len(note.encode()) < LIMIT < len(by.encode())
+    rule = PolicyFunc(lambda view, request: PolicyDecision.need_approval("k", "look"))
+    d, store, _, _ = make(small_store(tmp_path), script=[call("publish")], policy=rule)
+    assert d.start("g", limits(), run_id="r").status == "WAITING_FOR_APPROVAL"
+    (a,) = store.list_approvals("r")
+    for decide in (lambda: d.approve("r", a.id, by, note), lambda: d.cancel("r", by, note)):
+        with pytest.raises(ConfigError, match=r": by is 40000 characters, too large"):
+            decide()
+    assert store.get_run("r").status == "WAITING_FOR_APPROVAL"
+
+
+def test_a_tool_that_ran_whose_outcome_and_its_replacement_are_too_large_fails_the_run(
+        tmp_path):
+    # The outcome is too large, and so is the tool error standing for it (the
+    # tool's name is half the limit): the run ends internal_error, its step
+    # failed, instead of raising with the run RUNNING and the step executing.
+    name, ran = "t" * 51_000, []
+    tool = FuncTool(name, lambda c: ran.append(1) or ToolResult(HUGE_JSON, "ok"),
+                    side_effect="read_only", timeout=5)
+    d, store, _, _ = make(small_store(tmp_path), script=[call(name)], tools=[tool])
+    run = d.start("g", limits(), run_id="r")
+    assert ran == [1]
+    assert (run.status, run.reason) == ("FAILED", "internal_error")
+    assert "too large to store" in run.reason_detail
+    assert [s.status for s in store.list_steps("r")] == ["failed"]
+    assert store.lease("r") == ("", None) and store.verify_events().broken is None
+
+
+def test_a_policy_error_at_an_approved_resume_keeps_the_ruling_the_step_was_paused_on():
+    calls = []
+
+    def rule(view, request):
+        calls.append(1)
+        if len(calls) == 1:
+            return PolicyDecision.need_approval("k", "look")
+        raise RuntimeError("policy store down")
+
+    d, store, _, _ = make(None, script=[call("publish")], policy=PolicyFunc(rule))
+    assert d.start("g", limits(), run_id="r").status == "WAITING_FOR_APPROVAL"
+    (a,) = store.list_approvals("r")
+    paused = store.list_steps("r")[0].policy
+    d.approve("r", a.id, "ops", "ok")
+    run = d.resume("r")
+    assert (run.status, run.reason) == ("FAILED", "internal_error")
+    assert store.list_steps("r")[0].policy == paused is not None

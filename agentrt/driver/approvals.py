@@ -79,7 +79,8 @@ def refusing_too_big(action: str, by: str, note: str) -> Iterator[None]:
     try:
         yield
     except apsw.TooBigError as exc:
-        name, value = ("note", note) if len(note) >= len(by) else ("by", by)
+        name, value = max((("note", note), ("by", by)),
+                          key=lambda nv: len(nv[1].encode("utf-8", "surrogatepass")))
         raise ConfigError(f"{action}: {name} is {len(value)} characters, too large to store "
                           f"({exc}); nothing was changed") from None
 

@@ -76,7 +76,17 @@ def _streak(steps: list[Step], stop_at: int,
         n += 1
         if n >= stop_at:
             break
+    if len(args_keys) > 2 * stop_at + 16:  # now and then, not once a step
+        _forget_older(steps, stop_at, args_keys)
     return n, first
+
+
+def _forget_older(steps: list[Step], stop_at: int, args_keys: dict[str, bytes]) -> None:
+    """Drop the keys of steps a streak of ``stop_at`` can no longer reach: a key
+    is a step's whole canonical arguments, which a long run must not keep."""
+    keep = {step.id for step in steps[-(stop_at + 1):]}
+    for step_id in [k for k in args_keys if k not in keep]:
+        del args_keys[step_id]
 
 
 def loop_streak(steps: list[Step], stop_at: int,

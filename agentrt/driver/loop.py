@@ -518,10 +518,12 @@ def apply(
     if perr is not None or pd is None:
         text = exception_text(perr) if perr is not None else "None"
         return _policy_failed(s, step, expected, from_, text)
+    paused = step.policy  # the ruling a resumed step was paused on (None otherwise)
     try:
         return _rule(s, step, expected, request, pd, view, entry, grant, resumed_at)
     except apsw.TooBigError as exc:
         # Raised before the tool started (an outcome too large is a tool error).
+        step.policy = paused  # _rule set the ruling that could not be stored
         s.specs_written.discard(entry[0])  # its put may have been rolled back
         size = _ruling_size(pd, core.policy_id, entry[0], view)
         return _policy_failed(s, step, expected, from_,
@@ -543,7 +545,7 @@ def _policy_failed(s: Session, step: Step, expected: tuple[str, ...], from_: tup
                    text: str, entry: SpecEntry = ("", b"")) -> Run:
     """A policy error: the run fails as internal_error, the step with it, and no
     ``step.policy`` is written; an error text too large to store is clipped."""
-    failed = evolve(step, policy=None, status=StepStatus.FAILED.value)
+    failed = evolve(step, status=StepStatus.FAILED.value)
 
     def settle(text: str) -> Run:
         end = StepEnd(evolve(failed), expected, detail=f"policy error: {text}")
@@ -720,8 +722,8 @@ def _record_tool(s: Session, step: Step, spec: ToolSpec, outcome: ToolOutcome, *
         else:
             s.end_step(end, detached=True)
     except apsw.TooBigError as exc:
-        if not first:
-            raise
+        if not first:  # the tool ran: no ruling's failure (apply would call it one)
+            return s.fail_internal(too_big_text(exc), RUNNING)
         return _record_tool(s, step, spec, _too_big(spec, outcome, exc), first=False)
     except RunLeasedError as exc:
         raise LeaseLostError(exc.detail) from exc

@@ -412,6 +412,8 @@ def sqlite_failure(path: str, exc: apsw.Error, *, write: bool, system_errno: int
                 "lower; free space there or raise the limit, and try again")
     if isinstance(exc, WRITE_FAILED):
         failed = write_failed(path, exc, system_errno)
+        if not write:  # a read: no transaction was rolled back
+            return f"{path}: {failed.cause}; {failed.remedy} and {action or 'try again'}"
         return str(failed.retold(path, action or "try again"))
     if isinstance(exc, (apsw.BusyError, apsw.LockedError)):
         return (f"{path} is locked: another process holds its write lock and kept it past "
