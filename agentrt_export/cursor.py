@@ -14,7 +14,9 @@ import os
 import re
 import stat
 import tempfile
+import threading
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol, runtime_checkable
@@ -79,10 +81,10 @@ class CursorHeldError(CursorError):
     unknown): two followers on one cursor would each deliver every event and
     save over each other's position."""
 
-    def __init__(self, path: str, pid: int | None) -> None:
+    def __init__(self, path: str, pid: int | None, *, in_process: bool = False) -> None:
         self.pid = pid
         holder = "another exporter"
-        if pid == os.getpid():
+        if in_process:  # not told by the pid: another container's may equal ours
             holder = f"another follower in this process (pid {pid})"
         elif pid is not None:
             holder = f"another exporter (pid {pid})"
@@ -285,7 +287,9 @@ class FileCursor:
                 pid = _holder(fd)
                 os.close(fd)
                 if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise CursorHeldError(self.path, pid) from None
+                    mine = any(c._lock is not None and _same_file(c._lock, lock)
+                               for c in list(_holding))
+                    raise CursorHeldError(self.path, pid, in_process=mine) from None
                 raise CursorError(self.path, f"cannot hold cursor file {self.path}: cannot lock "
                                              f"{lock}: {exc.strerror or exc}; name a cursor "
                                              "file on a local file system") from None
@@ -317,6 +321,28 @@ class FileCursor:
             pass  # left behind, it is taken over as one a SIGKILL left
         finally:
             os.close(fd)
+
+    @contextlib.contextmanager
+    def following(self) -> Iterator[None]:
+        """Held by ``Follower.follow`` while it follows with this object: the
+        file is held (:meth:`acquire`) unless its caller holds it already, and
+        that hold ends with the follow; a second follow on this same object (a
+        thread restarted while the old one winds down, two followers under one
+        ``with``) is refused as another exporter would be, instead of
+        delivering every event again and letting go of the file early."""
+        following = self.__dict__.setdefault("_following", threading.Lock())
+        if not following.acquire(blocking=False):
+            raise CursorHeldError(self.path, os.getpid(), in_process=True)
+        try:
+            took = self._lock is None
+            self.acquire()
+            try:
+                yield
+            finally:
+                if took:
+                    self.close()
+        finally:
+            following.release()
 
     def __enter__(self) -> FileCursor:
         self.acquire()
@@ -468,6 +494,7 @@ def _after_fork_in_child() -> None:
     so the hold still ends with the parent, and a child that follows must
     acquire the file, which is refused while the parent holds it."""
     for cursor in list(_holding):
+        cursor.__dict__["_following"] = threading.Lock()  # a follow of the parent's thread
         fd, cursor._lock = cursor._lock, None
         if fd is not None:
             with contextlib.suppress(OSError):

@@ -329,26 +329,15 @@ class Follower:
         if stop is not None and not isinstance(stop, threading.Event):
             raise FollowError(f"stop is {_described(stop)}, not a threading.Event or None")
         stop = stop if stop is not None else threading.Event()
-        took = self._hold_cursor()
-        try:
-            self._follow(sink, stop)
-        finally:
-            if took and isinstance(self.cursor, FileCursor):
-                self.cursor.close()
-
-    def _hold_cursor(self) -> bool:
-        """Hold a file cursor while following, unless its caller holds it already
-        (``with FileCursor(path)``); True when this follow took the hold, which
-        ends with it. Another exporter on the same file is refused here, before
-        the cursor is read or anything delivered."""
         cursor = self.cursor
-        if not isinstance(cursor, FileCursor):
-            return False
-        cursor.check(database=self.store.path)  # before a lock file is made beside it
-        if cursor.held:
-            return False
-        cursor.acquire()
-        return True
+        if isinstance(cursor, FileCursor):
+            # Checked before a lock file is made beside it; then held (refused
+            # while another exporter, or another follow on this object, has it).
+            cursor.check(database=self.store.path)
+            with cursor.following():
+                self._follow(sink, stop)
+        else:
+            self._follow(sink, stop)
 
     def _follow(self, sink: Sink, stop: threading.Event) -> None:
         seq = self._start_seq()

@@ -108,6 +108,13 @@ class ExportStopped(AgentrtError):
     base = "otel: stopped before the collector accepted the page"
 
 
+class OutputStoppedExport(ExportStopped):
+    """:class:`ExportStopped` of a console exporter: no collector is involved;
+    standard output took nothing more (its reader is not reading)."""
+
+    base = "otel: stopped before the page was written to standard output"
+
+
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -338,6 +345,11 @@ class OTelSink:
         while not done.wait(_STOP_POLL):
             if self._stop.is_set() and not done.wait(STOP_GRACE):
                 self._abandoned = worker
+                if self._local_stream:
+                    raise OutputStoppedExport(
+                        f"{self.pending} spans were not written whole: standard output took "
+                        f"nothing more (its reader is not reading) {STOP_GRACE:g} s after "
+                        "the stop")
                 raise ExportStopped(f"{self.pending} spans were not accepted: the collector "
                                     f"had not answered {STOP_GRACE:g} s after the stop")
         if isinstance(outcome[0], BaseException):

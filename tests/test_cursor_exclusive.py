@@ -269,3 +269,73 @@ def test_a_lock_file_that_is_a_link_or_another_file_is_refused_and_left_alone(tm
     assert lock.read_bytes() == b"42\n"
     assert target.read_bytes() == b"precious\n"
     assert sorted(os.listdir(tmp_path)) == ["cursor.lock", "target"]
+
+
+def test_a_second_follow_on_the_same_cursor_object_is_refused_and_the_hold_outlives_the_first(
+        tmp_path):
+    # One FileCursor object handed to two followers (a follower thread restarted
+    # while the old one winds down): the second was not refused and delivered
+    # every event again, and the first, ending, let go of the file while the
+    # second still followed, so a third exporter was let in.
+    import threading
+
+    db = str(tmp_path / "runs.db")
+    make_db(db).close()
+    path = str(tmp_path / "cursor")
+    cursor = FileCursor(path)
+    stop_a, busy, release = threading.Event(), threading.Event(), threading.Event()
+    errors: list[Exception] = []
+
+    def slow_sink(event) -> None:  # A is busy with its first page when B starts
+        busy.set()
+        release.wait(5)
+
+    def follow(sink, stop) -> None:
+        try:
+            with open_existing(db, read_only=True) as store:
+                Follower(store, cursor=cursor, interval=0.01).follow(sink, stop)
+        except Exception as exc:  # noqa: BLE001 - looked at below
+            errors.append(exc)
+
+    a = threading.Thread(target=follow, args=(slow_sink, stop_a))
+    a.start()
+    assert busy.wait(5)
+    got_b: list = []
+    stop_b = threading.Event()
+    threading.Timer(3, stop_b.set).start()  # refused at once; else it follows until then
+    follow(got_b.append, stop_b)
+    assert got_b == [] and len(errors) == 1 and isinstance(errors[0], CursorHeldError)
+    assert "another follower in this process" in str(errors[0])
+    with pytest.raises(CursorHeldError):  # A still holds the file
+        FileCursor(path).acquire()
+    release.set()
+    stop_a.set()
+    a.join(5)
+    assert errors == [errors[0]]
+    with FileCursor(path):  # A's end let go of it
+        pass
+
+
+def test_a_holder_whose_pid_equals_ours_in_another_namespace_is_another_exporter(tmp_path):
+    # The lock file's pid is the holder's in its own PID namespace: two
+    # containers sharing a cursor volume both run their exporter as pid 1.
+    # Only a hold of this process is said to be one.
+    lock = tmp_path / "cursor.lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import fcntl, os, sys, time\n"
+         "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)\n"
+         "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+         "os.write(fd, b'pid %d\\n' % int(sys.argv[2]))\n"
+         "print('held', flush=True)\n"
+         "time.sleep(60)\n", str(lock), str(os.getpid())],
+        stdout=subprocess.PIPE, env=child_env(), cwd=REPO_ROOT)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        with pytest.raises(CursorHeldError) as refused:
+            FileCursor(str(tmp_path / "cursor")).acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert refused.value.pid == os.getpid()
+    assert f"held by another exporter (pid {os.getpid()})" in str(refused.value)

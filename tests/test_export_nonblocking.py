@@ -360,3 +360,27 @@ def test_the_otel_console_exporter_waits_out_a_full_nonblocking_stdout(tmp_path,
     assert len(got) > 20 * PIPE_SIZE
     assert got == blocking.stdout
     assert int((tmp_path / "cursor").read_text()) == events[-1].seq
+
+
+def test_a_stop_while_the_console_exporters_reader_stalls_names_standard_output(tmp_path):
+    # No collector is involved with OTEL_TRACES_EXPORTER=console: the stop
+    # that gives up a page standard output would not take says so.
+    from test_otel_cli import many_runs_db
+
+    db = str(tmp_path / "runs.db")
+    many_runs_db(db)
+    proc, r = start(["-m", "agentrt_export.cli", "otel", "--db", db, "--follow",
+                     "--cursor-file", str(tmp_path / "cursor")],
+                    {"OTEL_TRACES_EXPORTER": "console"})
+    try:
+        wait_until_full(r, PIPE_SIZE // 2)
+        read_slowly(r, 10_000)
+        wait_until_full(r, 1)  # its reader has stalled (a pipe of one page may hold less)
+        proc.send_signal(signal.SIGTERM)
+        code, err = exited(proc, "SIGTERM while standard output was full")
+    finally:
+        os.close(r)
+    assert code == 0, err
+    assert err.startswith(b"stopped: otel: stopped before the page was written to standard "
+                          b"output: ") and b"collector" not in err
+    assert not (tmp_path / "cursor").exists()  # the page is sent again on restart
