@@ -84,8 +84,12 @@ class StepSQL:
         self.conn = apsw.Connection(path)
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=FULL")
-        self.conn.execute("UPDATE runs SET status = 'RUNNING', lease_owner = ? WHERE id = 'r'",
-                          (owner,))
+        # The tool start's step write requires the lease expiry the driver read.
+        expires = next((b[-1] for sql, b in self.statements
+                        if b and sql.startswith("UPDATE steps") and "lease_expires_at = ?" in sql),
+                       "")
+        self.conn.execute("UPDATE runs SET status = 'RUNNING', lease_owner = ?, "
+                          "lease_expires_at = ? WHERE id = 'r'", (owner, expires))
         head, count = self.conn.execute(
             "SELECT (SELECT max(seq) FROM events), step_count FROM runs WHERE id = 'r'"
         ).fetchall()[0]
