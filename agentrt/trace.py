@@ -516,7 +516,8 @@ class LineWriter:
         except OSError:
             return None  # the stream's own write then says what is wrong
 
-    def _write_waiting(self, fd: int, data: bytes, *, counted: bool = False) -> None:
+    def _write_waiting(self, fd: int, data: bytes, *, counted: bool = False,
+                       blocking: bool = False) -> None:
         """Write ``data`` whole to the non-blocking ``fd``, waiting whenever it
         is full, as a blocking descriptor would (and as the Go reference does);
         with ``counted``, adding to :attr:`arrived` what ``fd`` took.
@@ -525,25 +526,23 @@ class LineWriter:
         text stream drops what it had pending), so what they hold is pushed
         out first and the line goes to the descriptor itself. A reader that
         has gone (EPIPE) or any other error still raises, and so does a stop.
+        A ``blocking`` pipe is waited on the same way, a pipe buffer's worth
+        at a time once poll says it has room, so that a stop ends the wait
+        there too instead of a write blocked on a reader that takes nothing.
         """
         self._flush_waiting(fd)
         view = memoryview(data)
         done, end, deadline = 0, len(data), None
         while done < end:
-            try:
-                n = os.write(fd, view[done:end])
-            except BlockingIOError:
+            if blocking:
+                end, deadline = self._await_room(fd, data, done, end, deadline)
+                n = os.write(fd, view[done:min(end, done + select.PIPE_BUF)])
+            else:
                 try:
-                    _wait_writable(fd, self._stop if deadline is None else None, deadline)
-                except OutputStopped:
-                    if deadline is not None or done == 0 or data[done - 1] == 0x0A:
-                        raise  # at a record's edge, or the record could not be finished
-                    # Stopped part way through a record: finish it, so a reader that
-                    # still reads gets no torn line, for a few seconds at most.
-                    newline = data.find(b"\n", done)
-                    end = newline + 1 if newline >= 0 else end
-                    deadline = time.monotonic() + _FINISH_RECORD_S
-                continue
+                    n = os.write(fd, view[done:end])
+                except BlockingIOError:
+                    end, deadline = self._await_room(fd, data, done, end, deadline)
+                    continue
             if n == 0:
                 raise OSError("write took no bytes")
             if counted:
@@ -551,6 +550,25 @@ class LineWriter:
             done += n
         if end < len(data):
             raise OutputStopped  # the record in hand was finished, the rest given up
+
+    def _await_room(self, fd: int, data: bytes, done: int, end: int,
+                    deadline: float | None) -> tuple[int, float | None]:
+        """Wait until ``fd`` takes bytes; the (end, deadline) of the write then.
+
+        A stop part way through a record narrows the write to that record's
+        end and gives it a few seconds (a reader that still reads gets no
+        torn line); at a record's edge, or once those seconds pass, the stop
+        raises :class:`OutputStopped`."""
+        while True:
+            try:
+                _wait_writable(fd, self._stop if deadline is None else None, deadline)
+                return end, deadline
+            except OutputStopped:
+                if deadline is not None or done == 0 or data[done - 1] == 0x0A:
+                    raise
+                newline = data.find(b"\n", done)
+                end = newline + 1 if newline >= 0 else end
+                deadline = time.monotonic() + _FINISH_RECORD_S
 
     def _flush_waiting(self, fd: int) -> None:
         """Push out what the stream's layers hold, waiting while ``fd`` is full."""
@@ -597,6 +615,9 @@ class LineWriter:
                 if fd is None and self._wait and (waiting := self._nonblocking_fd()) is not None:
                     self._write_through_waiting(waiting, data)
                     return
+                if fd is None and (pipe := self._stoppable_pipe()) is not None:
+                    self._write_through_waiting(pipe, data, blocking=True)
+                    return
                 if fd is None:
                     if self._text:
                         self._stream.write(data.decode("utf-8"))
@@ -615,10 +636,23 @@ class LineWriter:
                 self._err = exc
                 raise
 
-    def _write_through_waiting(self, fd: int, data: bytes) -> None:
-        """:meth:`write_through` to the non-blocking ``fd`` (not a regular file)."""
+    def _stoppable_pipe(self) -> int | None:
+        """With a ``stop``, the descriptor of a blocking pipe under the stream:
+        a write to it would block on a reader that takes nothing, past the
+        stop; else None."""
+        if self._stop is None or not self._wait:
+            return None
+        fd = _descriptor(self._stream)
         try:
-            self._write_waiting(fd, data, counted=True)
+            return fd if fd is not None and stat.S_ISFIFO(os.fstat(fd).st_mode) else None
+        except OSError:
+            return None  # the stream's own write then says what is wrong
+
+    def _write_through_waiting(self, fd: int, data: bytes, *, blocking: bool = False) -> None:
+        """:meth:`write_through` to the non-blocking (or, with a stop, a blocking
+        pipe's) ``fd``, not a regular file."""
+        try:
+            self._write_waiting(fd, data, counted=True, blocking=blocking)
         except OutputStopped:
             raise  # the reader is there, and reads what the descriptor took
         except Exception:

@@ -40,19 +40,20 @@ EVENTS = 2000
 EXIT_WITHIN = 15
 
 
-def nonblocking_pipe() -> tuple[int, int]:
-    """A pipe of PIPE_SIZE bytes whose write end is non-blocking, as a parent left it."""
+def nonblocking_pipe(blocking: bool = False) -> tuple[int, int]:
+    """A pipe of PIPE_SIZE bytes whose write end is non-blocking, as a parent left it
+    (or, ``blocking``, as pipes usually are)."""
     r, w = os.pipe()
     fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-    os.set_blocking(w, False)
+    os.set_blocking(w, blocking)
     return r, w
 
 
-def start(args: list[str],
-          env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], int]:
-    """A child whose stdout is a fresh non-blocking pipe; the read end, which the
-    caller closes."""
-    r, w = nonblocking_pipe()
+def start(args: list[str], env: dict[str, str] | None = None,
+          blocking: bool = False) -> tuple[subprocess.Popen[bytes], int]:
+    """A child whose stdout is a fresh non-blocking (or ``blocking``) pipe; the
+    read end, which the caller closes."""
+    r, w = nonblocking_pipe(blocking)
     try:
         proc = subprocess.Popen([sys.executable, *args], stdout=w, stderr=subprocess.PIPE,
                                 env={**child_env(), **(env or {})}, cwd=REPO_ROOT)
@@ -148,7 +149,7 @@ except OutputStopped as exc:
 
 
 def stopped_while_waiting(db: str, tmp_path, program: str, sig: signal.Signals,
-                          reader: str) -> tuple[bytes, bytes, int]:
+                          reader: str, blocking: bool = False) -> tuple[bytes, bytes, int]:
     """Signal the exporter while it waits on a full pipe whose reader took 10 KB
     and stalled; the ``reader`` then "reads on" (slowly, to the end), "pauses"
     (a third of a second) and then reads on, or reads only once the exporter
@@ -156,13 +157,14 @@ def stopped_while_waiting(db: str, tmp_path, program: str, sig: signal.Signals,
     cursor saved; the exit is checked here (0, no traceback)."""
     cursor = tmp_path / "cursor"
     if program == "Follower and JSONLSink":
-        proc, r = start(["-c", PYTHON_FOLLOWER, db, str(cursor)])
+        proc, r = start(["-c", PYTHON_FOLLOWER, db, str(cursor)], blocking=blocking)
     else:
-        proc, r = jsonl_exporter(db, "--cursor-file", str(cursor), "--follow")
+        proc, r = start(["-m", "agentrt_export.cli", "jsonl", "--db", db, "--cursor-file",
+                         str(cursor), "--follow"], blocking=blocking)
     try:
         wait_until_full(r, PIPE_SIZE // 2)
         got = read_slowly(r, 10_000)
-        wait_until_full(r, PIPE_SIZE // 2)  # waiting again, on a reader that has stalled
+        wait_until_full(r, 1)  # waiting again, on a reader that has stalled
         proc.send_signal(sig)
         if reader == "pauses":
             time.sleep(0.3)
@@ -384,3 +386,24 @@ def test_a_stop_while_the_console_exporters_reader_stalls_names_standard_output(
     assert err.startswith(b"stopped: otel: stopped before the page was written to standard "
                           b"output: ") and b"collector" not in err
     assert not (tmp_path / "cursor").exists()  # the page is sent again on restart
+
+
+@pytest.mark.parametrize("reader", ["reads on", "pauses", "never"])
+def test_a_signal_ends_a_wait_on_a_blocking_stdout_pipe_as_on_a_nonblocking_one(
+        db, tmp_path, reader):
+    # On an ordinary (blocking) pipe a write blocked on a reader that takes
+    # nothing held the signal off for as long as the reader did. It is now
+    # waited on as a non-blocking one is: the page in hand is finished while
+    # the reader reads, else given up after the record in hand (torn only
+    # after seconds of a reader taking nothing), the cursor after the records
+    # written, exit 0.
+    expected = records(db)
+    got, whole, cursor = stopped_while_waiting(
+        db, tmp_path, "agentrt-export jsonl --follow", signal.SIGTERM, reader, blocking=True)
+    assert got == expected[:len(got)]
+    if reader == "reads on":
+        assert got == whole and got.count(b"\n") == cursor == 500
+    elif reader == "pauses":
+        assert got == whole and 10_000 // 200 < got.count(b"\n") < 500
+    assert cursor == whole.count(b"\n")
+    assert whole + restarted(db, tmp_path) == expected
