@@ -312,13 +312,13 @@ class FileCursor:
         if fd is None:
             return
         _holding.discard(self)
+        # Removed while still locked: one that opened it meanwhile sees it gone
+        # once it gets the lock, and takes the file a newcomer made instead. One
+        # that cannot be removed is left behind, and taken over as a SIGKILL's is.
         try:
-            # Removed while still locked: one that opened it meanwhile sees it gone
-            # once it gets the lock, and takes the file a newcomer made instead.
-            if _same_file(fd, self.lock_path):
-                os.unlink(self.lock_path)
-        except OSError:
-            pass  # left behind, it is taken over as one a SIGKILL left
+            with contextlib.suppress(OSError):
+                if _same_file(fd, self.lock_path):
+                    os.unlink(self.lock_path)
         finally:
             os.close(fd)
 
