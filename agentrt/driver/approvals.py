@@ -249,7 +249,11 @@ def resume_approved(s: Session) -> Run | None:
     registered = core.tools.get(grant.request.spec.name)
     if registered is None:
         raise ConfigError(f'approved tool "{grant.request.spec.name}" is not registered')
-    spec, spec_hash, text, validator = registered.current()
+    try:
+        spec, spec_hash, text, validator = registered.current()
+    except ValueError as exc:
+        raise ConfigError(f'approved tool "{grant.request.spec.name}": {exc}; the run is '
+                          "left waiting") from exc
     request = ToolRequest(grant.request.run_id, awaiting.id, spec, grant.request.args)
     resumed_at = core.now()
     grant_ttl = s.run.limits.grant_ttl

@@ -62,6 +62,7 @@ from agentrt.records import (
     DEFAULT_LEASE_TTL,
     Approval,
     Limits,
+    Reason,
     Run,
     RunStatus,
     ToolSpec,
@@ -289,6 +290,15 @@ class Driver:
             return s.fail_internal(str(exc), from_)
         except apsw.TooBigError as exc:
             return s.fail_internal(too_big_text(exc), from_)
+        except RunStateError:
+            # an operator's cancel won the race with the resume's first write:
+            # the run is returned, as the loop returns it at its next write
+            run = s.core.store.get_run(s.run_id)
+            if (run.status == RunStatus.CANCELLED
+                    and run.reason == Reason.OPERATOR_CANCELLED):
+                s.run = run
+                return run
+            raise
         return done if done is not None else run_loop(s)
 
     @contextmanager

@@ -256,6 +256,26 @@ _MAX_WAIT_US = MAX_WAIT // _MICROSECOND
 _CONNECTION_LOST = (ConnectionError, EOFError, TimeoutError, http.client.IncompleteRead)
 
 
+def _connection_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` is, or wraps (as HTTP clients wrap a reset or a read timeout:
+    ``__cause__``, ``__context__`` or an argument), a lost connection or a timeout,
+    as the reference's ``errors.Is`` finds one under wrapping. A refused
+    connection is not one: the request never left, so nothing was served."""
+    seen: set[int] = set()
+    todo: list[object] = [exc]
+    while todo:
+        e = todo.pop()
+        if not isinstance(e, BaseException) or id(e) in seen or len(seen) > 32:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ConnectionRefusedError):
+            return False
+        if isinstance(e, _CONNECTION_LOST):
+            return True
+        todo += [e.__cause__, e.__context__, *e.args]
+    return False
+
+
 @dataclass(slots=True, eq=False)
 class _Reservation:
     """One dispatched attempt's share of the limits; released by identity, once."""
@@ -543,7 +563,7 @@ class ModelCaller:
         completed_at = self._now()
         latency = max(int((completed_at - dispatched_at) / timedelta(milliseconds=1)), 0)
         try:
-            result = self._classify(attempt, out, estimate, estimate_cost)
+            result = self._classify(attempt, out, estimate, estimate_cost, token)
         except Exception as exc:  # noqa: BLE001 - a hostile reply; the row must not stay dispatched
             text = raised_text("reading the model's reply", exc)
             result = _Attempt(ModelCallStatus.ERROR.value, estimate, estimate_cost, text,
@@ -552,7 +572,7 @@ class ModelCaller:
         return result
 
     def _classify(self, attempt: int, out: Any, estimate: Usage, estimate_cost: int,
-                  ) -> _Attempt:
+                  token: CancelToken) -> _Attempt:
         ambiguous = ModelCallStatus.AMBIGUOUS.value
         error = ModelCallStatus.ERROR.value
         if out is None:
@@ -605,7 +625,9 @@ class ModelCaller:
         if self._cancel.cancelled:
             return _Attempt(ambiguous, estimate, estimate_cost, text,
                             raise_=CancelledError(self._cancel.reason))
-        if isinstance(exc, _CONNECTION_LOST):
+        if _connection_lost(exc) or token.timed_out:
+            # a connection lost, or an adapter that gave up at the attempt's
+            # deadline (as Model asks): the provider may have served it
             return _Attempt(ambiguous, estimate, estimate_cost, text, retry=True)
         if isinstance(exc, TransientError):
             after = _transient_retry_after(exc)

@@ -1,0 +1,134 @@
+"""Attempts whose outcome the caller cannot know are ambiguous (spec 9): charged
+their estimate and retried, however the adapter reports them.
+
+An adapter that gives up when its attempt token's deadline passes (as the
+``Model`` protocol asks) and an HTTP client that wraps a reset connection in its
+own exception class both leave the provider's side unknown: it may have served
+and billed the request.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import requests
+from _driver_kit import fixture_tools, limits
+
+from agentrt.driver import CancelledError, DefaultPolicy, Driver, ModelConfig, ModelResponse
+from agentrt.records import RunStatus, Usage
+from agentrt.store import open_store
+from agentrt.testing import ModelToolAgent
+
+
+class _FirstAttemptsFail:
+    """A model whose first ``failing`` attempts run ``first``; later ones reply."""
+
+    def __init__(self, first: Any, failing: int = 1) -> None:
+        self.first, self.failing, self.calls = first, failing, 0
+
+    def name(self) -> str:
+        return "m"
+
+    def generate(self, request: Any, cancel: Any) -> ModelResponse:
+        self.calls += 1
+        if self.calls <= self.failing:
+            self.first(cancel)
+        return ModelResponse(text="done", usage=Usage(10, 2))
+
+
+def _run(model: _FirstAttemptsFail, **config: Any) -> tuple[Any, list[tuple[str, bytes]]]:
+    store = open_store(":memory:")
+    cfg = ModelConfig(model, max_retries=model.failing, backoff=timedelta(milliseconds=1),
+                      **config)
+    run = Driver(store, ModelToolAgent(), DefaultPolicy(), fixture_tools(), model=cfg).start(
+        "g", limits(), run_id="r")
+    return run, [(e.type, e.payload) for e in store.list_events("r")
+                 if e.type.startswith("model.")]
+
+
+def _gives_up_at_its_deadline(cancel: Any) -> None:
+    cancel.wait()
+    raise CancelledError(cancel.reason)
+
+
+def test_attempts_that_give_up_at_their_deadline_are_ambiguous_charged_and_retried() -> None:
+    # Three attempts: the adapter's own error and the driver's wait for the
+    # call end together, and each attempt is a chance for the adapter's to win.
+    model = _FirstAttemptsFail(_gives_up_at_its_deadline, failing=3)
+    run, events = _run(model, call_timeout=timedelta(milliseconds=100))
+    assert [t for t, _ in events] == ["model.dispatched", "model.failed"] * 3 + [
+        "model.dispatched", "model.completed"]
+    for _, failed in events[1:6:2]:
+        assert b'"status":"ambiguous"' in failed
+        assert b'"input_tokens":0' not in failed  # charged the estimate, not nothing
+    assert run.status == RunStatus.COMPLETED
+    assert model.calls == 4
+
+
+def _resetting_server() -> int:
+    """A provider that reads one request and resets the connection (RST)."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        with server:
+            conn, _ = server.accept()
+            conn.recv(65536)  # the request arrived: the provider may have served it
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return int(server.getsockname()[1])
+
+
+def test_a_reset_connection_wrapped_by_an_http_client_is_ambiguous_and_retried() -> None:
+    port = _resetting_server()
+
+    def post(cancel: Any) -> None:
+        requests.post(f"http://127.0.0.1:{port}/v1", json={"x": 1}, timeout=5)
+
+    model = _FirstAttemptsFail(post)
+    run, events = _run(model)
+    failed = events[1][1]
+    assert events[1][0] == "model.failed"
+    assert b'"status":"ambiguous"' in failed
+    assert run.status == RunStatus.COMPLETED
+    assert model.calls == 2
+
+
+def test_an_error_that_only_mentions_no_connection_stays_an_error_and_is_not_retried() -> None:
+    def refuse(cancel: Any) -> None:
+        raise ValueError("bad request: no connection header")
+
+    model = _FirstAttemptsFail(refuse)
+    run, events = _run(model)
+    assert b'"status":"error"' in events[1][1]
+    assert run.status == RunStatus.FAILED and model.calls == 1
+
+
+def _refused_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        return int(closed.getsockname()[1])
+
+
+def _post_to_nobody(cancel: Any) -> None:
+    requests.post(f"http://127.0.0.1:{_refused_port()}/v1", json={"x": 1}, timeout=5)
+
+
+def _refused(cancel: Any) -> None:
+    raise ConnectionRefusedError(111, "Connection refused")
+
+
+@pytest.mark.parametrize("attempt", [_post_to_nobody, _refused], ids=["wrapped", "bare"])
+def test_a_refused_connection_never_reached_the_provider_and_is_an_uncharged_error(
+        attempt: Any) -> None:
+    model = _FirstAttemptsFail(attempt)
+    run, events = _run(model)
+    failed = events[1][1]
+    assert b'"status":"error"' in failed and b'"cost_micros":0' in failed
+    assert b'"input_tokens":0,"output_tokens":0' in failed
+    assert run.status == RunStatus.FAILED and model.calls == 1
