@@ -6,6 +6,7 @@ catalogue of 3.9), read by :meth:`Payload.apply` in one loop per event.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 
 from agentrt_otel._payload import BAD, FLAG, NUM, STR, TEXT, Field, Payload
@@ -40,6 +41,24 @@ def event_time_ns(t: datetime | None) -> int:
         t = t.replace(tzinfo=UTC)
     ns = (t - _EPOCH) // _MICROSECOND * 1000  # exact, and 5x faster than to_unix_nanos
     return 0 if ns < 0 else MAX_TIME_NS if ns > MAX_TIME_NS else ns
+
+#: The digits past the microsecond of a stored UTC time (the Go reference
+#: writes nanoseconds), which a datetime cannot hold.
+_SUB_MICRO = re.compile(r"\.[0-9]{6}([0-9]{1,3})Z\Z")
+_MICRO_TIME_LEN = len("2006-01-02T15:04:05.000000Z")
+
+
+def event_ns(at: datetime | None, at_text: str) -> int:
+    """:func:`event_time_ns`, plus the nanoseconds the stored text holds past
+    the microsecond (a time this runtime writes has none, and is never longer
+    than ``_MICRO_TIME_LEN``: the pattern is not run on it)."""
+    ns = event_time_ns(at)
+    if len(at_text) > _MICRO_TIME_LEN and 0 < ns < MAX_TIME_NS:
+        m = _SUB_MICRO.search(at_text)
+        if m is not None:
+            ns = min(ns + int(m.group(1).ljust(3, "0")), MAX_TIME_NS)
+    return ns
+
 
 RESUMED: tuple[Field, ...] = (
     ("approval_id", "agentrt.approval.id", STR),

@@ -85,12 +85,15 @@ class RunState:
 
 
 class Finished:
-    """A run that ended: when, and the model calls still awaiting a result."""
+    """A run that ended: when, the model calls still awaiting a result, and the
+    calls its end closed as ``unknown`` (exported: a result that comes after
+    all, from a driver that lost its lease, must not export them again)."""
 
-    __slots__ = ("end_ns", "models")
+    __slots__ = ("closed", "end_ns", "models")
 
-    def __init__(self, end_ns: int, models: dict[str, OpenSpan]) -> None:
+    def __init__(self, end_ns: int, models: dict[str, OpenSpan], closed: set[str]) -> None:
         self.end_ns = end_ns
         self.models = models
+        self.closed = closed
 
 

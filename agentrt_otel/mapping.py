@@ -69,7 +69,9 @@ Deliberate departures from the reference (each keeps restart invariance):
    finished runs) and ends once, with the result. A call still pending when
    its run leaves that memory ends as the reference ends it (``unknown``, at
    the run's end). Other run endings close open calls as ``unknown``: those
-   calls belong to a process that died, and will never report.
+   calls belong to a process that died or lost its lease. One that lost it
+   may still record the result (the record needs no lease); that result is
+   an ``agentrt.event`` span, as in 1, not the call's span a second time.
 3. *A second decision on an approval whose span already ended* (a spent
    grant expiring when the run resumes, ``approved`` then ``expired``) is a
    span event ``approval.decided`` on its step instead of a second approval
@@ -119,7 +121,7 @@ from agentrt_otel._fields import (
     TOOL_NAME,
     clamp_ns,
     decode_limits,
-    event_time_ns,
+    event_ns,
 )
 from agentrt_otel._payload import Field, Payload
 from agentrt_otel._restart import ReadFailed, earlier_events
@@ -152,16 +154,30 @@ _STEP_ID = "agentrt.step.id"
 _START_UNKNOWN = "agentrt.span.start_unknown"
 
 
+#: Ids longer than this are derived each time instead of cached: a cache entry
+#: keeps its id alive after its run ended, and a page read hands out ids of
+#: up to 64 Ki characters, so 20k entries could hold gigabytes.
+_CACHED_ID_LEN = 256
+
+
 @lru_cache(maxsize=4096)
-def _trace_id(run_id: str) -> int:
-    """Trace ids are asked for once per finished span; most runs have many."""
+def _cached_trace_id(run_id: str) -> int:
     return trace_id(run_id)
 
 
 @lru_cache(maxsize=16384)
+def _cached_span_id(kind: str, id: str) -> int:
+    return span_id(kind, id)
+
+
+def _trace_id(run_id: str) -> int:
+    """Trace ids are asked for once per finished span; most runs have many."""
+    return _cached_trace_id(run_id) if len(run_id) <= _CACHED_ID_LEN else trace_id(run_id)
+
+
 def _span_id(kind: str, id: str) -> int:
     """A run's or step's span id is derived again for each of its children."""
-    return span_id(kind, id)
+    return _cached_span_id(kind, id) if len(id) <= _CACHED_ID_LEN else span_id(kind, id)
 
 
 Handler = Callable[[Event, Payload, int, list[SpanRecord]], None]
@@ -249,9 +265,10 @@ class SpanMapper:
                 and event.type != EventType.RUN_CREATED):
             self._replay(event, out)
         payload = Payload.parse(event.payload)
-        at = event_time_ns(event.at)
+        at = event_ns(event.at, event.at_text)
         handler = self._handlers.get(event.type)
-        if event.run_id in self._finished and not self._after_end(event, payload):
+        finished = self._finished.get(event.run_id)
+        if finished is not None and not self._after_end(event, payload, finished):
             self._event_span(event, payload, at, out)
         elif handler is not None:
             handler(event, payload, at, out)
@@ -331,16 +348,21 @@ class SpanMapper:
         ))
 
     @staticmethod
-    def _after_end(event: Event, p: Payload) -> bool:
-        """Events the runtime itself writes after ``run.finished``."""
+    def _after_end(event: Event, p: Payload, finished: Finished) -> bool:
+        """Events the runtime itself writes after ``run.finished``: a late tool
+        result, and a model result, unless the run's end closed that call as
+        ``unknown`` (exported already; a driver that lost its lease records
+        its result all the same)."""
         t = event.type
         if t == EventType.STEP_TOOL_FINISHED:
             return p.is_true("late")
-        return t == EventType.MODEL_COMPLETED or t == EventType.MODEL_FAILED
+        if t == EventType.MODEL_COMPLETED or t == EventType.MODEL_FAILED:
+            return p.string("call_id") not in finished.closed
+        return False
 
     def _remember_finished(self, run_id: str, end_ns: int, models: dict[str, OpenSpan],
-                           out: list[SpanRecord]) -> None:
-        self._finished[run_id] = Finished(end_ns, models)
+                           closed: set[str], out: list[SpanRecord]) -> None:
+        self._finished[run_id] = Finished(end_ns, models, closed)
         self._finished.move_to_end(run_id)
         while len(self._finished) > self._finished_cap:
             _, old = self._finished.popitem(last=False)
@@ -428,12 +450,14 @@ class SpanMapper:
             self._finish(span, at, out)
         st.approvals.clear()
         pending: dict[str, OpenSpan] = {}
+        closed: set[str] = set()
         for call_id, span in st.models.items():
             if status == "CANCELLED":
                 pending[call_id] = span  # its result is still to come (docstring, 2)
             else:
                 span.attrs["agentrt.model.status"] = "unknown"
                 self._finish(span, at, out)
+                closed.add(call_id)
         st.models.clear()
         for step_id in list(st.steps):
             interrupted = st.steps[step_id].interrupted
@@ -455,7 +479,7 @@ class SpanMapper:
         st.current = ""
         st.steps.clear()
         del self._runs[e.run_id]
-        self._remember_finished(e.run_id, at, pending, out)
+        self._remember_finished(e.run_id, at, pending, closed, out)
 
     # -- step events --------------------------------------------------------
 
