@@ -16,7 +16,7 @@ import errno
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO, Any, Generic, TypeVar, cast
@@ -35,6 +35,7 @@ from agentrt.render import (
     STEPS_HEADER,
     Table,
     approval_block,
+    approval_expired,
     cap_payload,
     indent_json,
     lease_line,
@@ -213,9 +214,17 @@ class Out:
 
 
 def tell(text: str) -> None:
-    """A line for the person on stderr, beside output that must stay as it is."""
-    sys.stderr.write(text + "\n")
-    sys.stderr.flush()
+    """A line for the person on stderr, beside output that must stay as it is.
+
+    Only a note: a stderr that is closed (``2>&-``: Python has no ``sys.stderr``
+    then) or cannot take it (a full disk) must not fail a listing already
+    written whole, so the note is dropped then.
+    """
+    if sys.stderr is None:
+        return
+    with suppress(OSError):
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
 
 
 def _empty_page(noun: str, pages: Pages[Any]) -> None:
@@ -266,34 +275,52 @@ def write_document(out: Out, value: Any) -> None:
     out.raw(_json(value, 0) + b"\n")
 
 
+#: Reads of one page again while rows keep arriving on top: a consumer starting
+#: runs faster than a page reads gets, past this, a row listed twice rather
+#: than a listing that never ends.
+_REREADS = 8
+
+
 class Pages(Generic[T]):
     """A listing read ``PAGE_SIZE`` rows at a time, up to ``limit`` (0: all).
 
     The total is the first page's count; reading stops there, so rows a live
-    consumer adds meanwhile do not keep it going.
+    consumer adds meanwhile do not keep it going. A ``newest_first`` listing
+    (runs) gets those rows on top, where they push every older row down: each
+    page's own count says by how many, and the next page's offset moves down
+    as far, so no row is read twice and none is pushed out of reach.
     """
 
     def __init__(self, fetch: Callable[[int, int], tuple[list[T], int]], limit: int,
-                 offset: int, first: tuple[list[T], int] | None = None) -> None:
+                 offset: int, first: tuple[list[T], int] | None = None, *,
+                 newest_first: bool = False) -> None:
         self._fetch = fetch
         self.limit = limit
         self.offset = offset
+        self._newest_first = newest_first
         self._first, self.total = first if first is not None else fetch(
             page_size(limit), offset)
         self.returned = 0
 
     def pages(self) -> Iterator[list[T]]:
-        items, at = self._first, self.offset
+        # ``at`` and ``end`` are positions in the listing as it stands now: rows
+        # added on top since the first page move both down by as many.
+        items, at, end = self._first, self.offset, self.total
         while items:
             if self.limit:
                 items = items[: self.limit - self.returned]
             self.returned += len(items)
             yield items
             at += len(items)
-            if (self.limit and self.returned >= self.limit) or at >= self.total:
+            if (self.limit and self.returned >= self.limit) or at >= end:
                 return
             size = min(PAGE_SIZE, self.limit - self.returned) if self.limit else PAGE_SIZE
-            items, _ = self._fetch(size, at)
+            items, now = self._fetch(size, at)
+            for _ in range(_REREADS):
+                if not self._newest_first or now <= end:
+                    break
+                at, end = at + now - end, now
+                items, now = self._fetch(size, at)
 
     def __iter__(self) -> Iterator[T]:
         for page in self.pages():
@@ -401,7 +428,8 @@ def runs(limit: int, offset: int, db: str | None, as_json: bool) -> None:
     s = settings(db, as_json)
     out = Out()
     with opened(s) as store:
-        pages = Pages(lambda n, at: view.runs_page(store, n, at), limit, offset)
+        pages = Pages(lambda n, at: view.runs_page(store, n, at), limit, offset,
+                      newest_first=True)
         if s.as_json:
             write_object(out, [
                 ("runs", Array(r.to_json() for r in pages)),
@@ -438,6 +466,7 @@ def show(run_id: str, limit: int, offset: int, db: str | None, as_json: bool) ->
         # leaves it so) cannot be decided, so it is not offered.
         waits = page.run.status == RunStatus.WAITING_FOR_APPROVAL
         waiting = page.waiting
+        now = datetime.now(UTC)
         steps = Pages(lambda n, at: view.steps_page(store, run_id, n, at), limit, offset,
                       first=(page.steps, page.steps_total))
         if s.as_json:
@@ -453,6 +482,9 @@ def show(run_id: str, limit: int, offset: int, db: str | None, as_json: bool) ->
                 ("approvals_total", page.approvals_total),
                 ("waiting_approval", view.approval_json(waiting)
                  if waiting is not None else OMIT),
+                # As the text leaves out its ``decide with:``: deciding it cancels the run.
+                ("waiting_approval_expired", True
+                 if waiting is not None and approval_expired(waiting, now) else OMIT),
                 ("limit", limit),
                 ("offset", offset),
             ])
@@ -466,7 +498,7 @@ def show(run_id: str, limit: int, offset: int, db: str | None, as_json: bool) ->
             # the lease) is not said to be a running run nobody holds.
             if owner or expires is not None or (
                     store.get_run_capped(run_id).status == RunStatus.RUNNING):
-                lease = lease_line(owner, expires, datetime.now(UTC))
+                lease = lease_line(owner, expires, now)
         for line in run_header(page.run, lease):
             out.line(line)
         pending: Pages[Approval] | None = None
@@ -483,7 +515,8 @@ def show(run_id: str, limit: int, offset: int, db: str | None, as_json: bool) ->
             reasons = store.approval_reasons(run_id, [a.id for a in shown])
             for a in shown:
                 out.line()
-                for line in approval_block(a, reason=reasons.get(a.id, ""), db_path=s.db):
+                for line in approval_block(a, now=now, reason=reasons.get(a.id, ""),
+                                           db_path=s.db):
                     out.line(line)
         if pending is not None:
             _trail(out, "pending approval", pending)
@@ -542,8 +575,9 @@ def _interactive() -> bool:
 
 def _confirm(verb: str, a: Approval) -> bool | None:
     """Ask at the terminal; None when stdin ended before an answer (Ctrl-D), which
-    declines as "n" does. Ctrl-C at the prompt is a failure that says nothing was
-    decided (click's own "aborted" would leave the operator to wonder)."""
+    is the refusal for want of consent (the spec's "EOF before an answer = same
+    refusal"), not a typed no. Ctrl-C at the prompt is a failure that says nothing
+    was decided (click's own "aborted" would leave the operator to wonder)."""
     try:
         sys.stderr.write(f"{verb} approval {sanitize(view.echo(a.id))} of run "
                          f"{sanitize(view.echo(a.run_id))}? [y/N] ")
@@ -627,9 +661,14 @@ def _decide(verb: str, run_id: str, approval_id: str | None, yes: bool, by: str 
     with opened(s, write=True, echoed=(run_id, approval_id or "")) as store:
         a = view.pending_approval(store, run_id, approval_id or "")
         if not s.as_json:
-            _show_before_deciding(out, verb, approval_block(a, reason=_reason(store, a)))
-        if ask and not _confirm(verb, a):
-            raise click.ClickException(f"{verb}: declined at the prompt")
+            _show_before_deciding(out, verb, approval_block(
+                a, now=datetime.now(UTC), reason=_reason(store, a)))
+        if ask:
+            answer = _confirm(verb, a)
+            if answer is None:
+                raise _refusal(verb)
+            if not answer:
+                raise click.ClickException(f"{verb}: declined at the prompt")
         decide = view.approve_shown if verb == "approve" else view.reject_shown
         try:
             decided = decide(store, run_id, a.id, a.hash, who, note, observer=_stderr_trace())

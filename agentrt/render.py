@@ -18,10 +18,11 @@ from datetime import datetime
 
 from agentrt import timefmt
 from agentrt.gojson import is_valid, raw_members
-from agentrt.records import Approval
+from agentrt.records import Approval, Reason
 from agentrt.timefmt import ZERO_TIME
 from agentrt.trace import display_width, is_mark, pad, sanitize
 from agentrt.view import RunSummary, StepSummary, bound_raw, bound_string
+from agentrt.view.bounding import bound_keys
 
 __all__ = [
     "CELL_BYTES",
@@ -32,6 +33,7 @@ __all__ = [
     "TEXT_FIELD_BYTES",
     "Table",
     "approval_block",
+    "approval_expired",
     "cap_payload",
     "clip_bytes",
     "clip_cell",
@@ -316,8 +318,9 @@ def _field_lines(raw: bytes) -> list[str]:
     if isinstance(fields, str):
         return [f"  {fields}"]
     lines: list[str] = []
-    for key, value in fields:
-        lines.append(f"  {sanitize(bound_string(key))} ({len(value)} bytes)")
+    keys = bound_keys(key for key, _ in fields)
+    for key, (_, value) in zip(keys, fields, strict=True):
+        lines.append(f"  {sanitize(key)} ({len(value)} bytes)")
         shown = bound_raw(value)
         if is_valid(shown):
             text = indent_json(shown).decode("utf-8", "replace")
@@ -327,12 +330,21 @@ def _field_lines(raw: bytes) -> list[str]:
     return lines
 
 
-def approval_block(a: Approval, *, reason: str = "", db_path: str = "") -> list[str]:
+def approval_expired(a: Approval, now: datetime) -> bool:
+    """Whether ``a`` is past its expiry by ``now``, as a decision judges it: it is
+    still stored pending, but deciding it now expires it and cancels the run."""
+    return a.expires_at is not None and now > a.expires_at
+
+
+def approval_block(a: Approval, *, now: datetime, reason: str = "",
+                   db_path: str = "") -> list[str]:
     """The request an operator decides on, every field of it, bounded for showing.
 
     ``hash`` is what a decision made after reading this block is bound to.
-    ``db_path`` adds the command that decides it.
+    ``db_path`` adds the command that decides it, unless the approval is past
+    its expiry by ``now``: that command could only cancel the run.
     """
+    expired = approval_expired(a, now)
     name = a.request.spec.name if a.request is not None else ""
     tool = _field(name) if name else "-"
     lines = [
@@ -343,7 +355,9 @@ def approval_block(a: Approval, *, reason: str = "", db_path: str = "") -> list[
     if reason:
         lines.append(f"reason  {_field(reason)}")
     if a.expires_at is not None:
-        lines.append(f"expires {local_stamp(a.expires_at)}")
+        lines.append(f"expires {local_stamp(a.expires_at)}" + (
+            f" (expired: deciding it now cancels the run as {Reason.APPROVAL_EXPIRED.value})"
+            if expired else ""))
     if a.decode_error:
         lines.append(f"unread  {_field(a.decode_error)}")
     lines.append(f"hash    {_field(a.hash)}")
@@ -352,7 +366,8 @@ def approval_block(a: Approval, *, reason: str = "", db_path: str = "") -> list[
     lines.append("presentation:")
     lines.extend(_field_lines(a.presentation))
     # An id too long to show whole would make a command that names nothing.
-    if db_path and clip_bytes(a.run_id) == a.run_id and clip_bytes(a.id) == a.id:
+    if (db_path and not expired and clip_bytes(a.run_id) == a.run_id
+            and clip_bytes(a.id) == a.id):
         lines.append(f"decide with: agentrt --db {shlex.quote(sanitize(db_path))} approve "
                      f"{shlex.quote(sanitize(a.run_id))} --approval {shlex.quote(sanitize(a.id))}")
     lines.append(f"----- end of approval {_field(a.id)} for tool {tool} -----")

@@ -422,11 +422,13 @@ def test_a_terminal_asks_before_deciding(ops, monkeypatch):
     assert declined.stderr.endswith(
         f"approve approval {ops.approval} of run {ops.waiting}? [y/N] "
         "error: approve: declined at the prompt\n")
-    ended = run(ops, "approve", ops.waiting, input="")  # Ctrl-D: declines as "n" does
-    assert ended.code == 1
+    ended = run(ops, "approve", ops.waiting, input="")  # Ctrl-D: the refusal a script gets
+    assert ended.code == 2
     assert ended.stderr.endswith(
         f"approve approval {ops.approval} of run {ops.waiting}? [y/N] \n"
-        "error: approve: declined at the prompt\n")
+        "usage: approve: refusing without --approval, --yes, or an interactive terminal to "
+        "confirm at; pass --approval <id> or --yes\n"
+        "Usage: agentrt approve [OPTIONS] RUN\nTry 'agentrt approve --help' for help.\n")
     assert snapshot(ops.path) == before
     agreed = run(ops, "reject", ops.waiting, input="yes\n")
     assert agreed.code == 0, agreed.stderr

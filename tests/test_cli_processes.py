@@ -182,21 +182,6 @@ def test_a_typed_no_declines_and_changes_nothing(ops):
     assert snapshot(ops["db"]) == before
 
 
-def test_end_of_input_at_the_prompt_declines_as_no_does(ops):
-    """Ctrl-D at a real terminal: declined (exit 1), not a refusal for want of a terminal."""
-    before = snapshot(ops["db"])
-    proc, master = _at_a_terminal(["--db", ops["db"], "approve", ops["waiting"]])
-    try:
-        _wait_for(proc.stderr, b"[y/N] ")
-        os.write(master, b"\x04")  # the terminal's end-of-file character
-        _, err = proc.communicate(timeout=30)
-    finally:
-        os.close(master)
-    assert proc.returncode == 1, err
-    assert err == b"\nerror: approve: declined at the prompt\n"  # after the prompt
-    assert snapshot(ops["db"]) == before
-
-
 def test_ctrl_c_at_the_prompt_says_nothing_was_decided_and_changes_nothing(ops):
     before = snapshot(ops["db"])
     proc, master = _at_a_terminal(["--db", ops["db"], "approve", ops["waiting"]])

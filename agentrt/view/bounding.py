@@ -11,6 +11,7 @@ never touched: it binds what was recorded, not what was shown.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -23,6 +24,7 @@ __all__ = [
     "MAX_FIELD_BYTES",
     "approval_json",
     "bound_approval",
+    "bound_keys",
     "bound_raw",
     "bound_string",
     "bound_value",
@@ -62,16 +64,34 @@ def bound_string(s: str) -> str:
     return f"{head}…[{omitted} bytes omitted]…{tail}"
 
 
+def bound_keys(keys: Iterable[str]) -> list[str]:
+    """An object's keys bounded, in order, each still its own: a key that bounds
+    to one already shown (two long keys sharing their length, head and tail) is
+    suffixed `` (#2)``, `` (#3)``…, where a dict would have kept only the last."""
+    shown: list[str] = []
+    taken: set[str] = set()
+    for key in keys:
+        bounded = unique = bound_string(key)
+        n = 1
+        while unique in taken:
+            n += 1
+            unique = f"{bounded} (#{n})"
+        taken.add(unique)
+        shown.append(unique)
+    return shown
+
+
 def bound_value(value: Any) -> Any:
     """A copy of a decoded JSON value with every oversized string bounded.
 
-    Object keys are bounded too: a key is as much the agent's text as a value.
-    Other values (numbers, booleans, None, :class:`~agentrt.gojson.Raw`) are kept.
+    Object keys are bounded too: a key is as much the agent's text as a value
+    (:func:`bound_keys`). Other values (numbers, booleans, None,
+    :class:`~agentrt.gojson.Raw`) are kept.
     """
     if isinstance(value, str):
         return bound_string(value)
     if isinstance(value, dict):
-        return {bound_string(k): bound_value(v) for k, v in value.items()}
+        return dict(zip(bound_keys(value), map(bound_value, value.values()), strict=True))
     if isinstance(value, list):
         return [bound_value(v) for v in value]
     return value

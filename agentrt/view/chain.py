@@ -65,12 +65,16 @@ class ChainCheck:
 
 
 def _last_seq(store: Store, report: VerifyReport) -> int:
+    """The seq of the last event the walk checked. The walk checks consecutive
+    seqs (a gap is a break) from the first event at or after its start, so the
+    last is counted from that first one; looking it up below ``--to`` instead
+    would find events a consumer committed after the walk, never checked."""
     if report.checked == 0:
         return 0
     with store.locked() as conn:
-        row = conn.execute("SELECT MAX(seq) FROM events WHERE seq BETWEEN ? AND ?",
-                           (report.from_seq, report.to_seq)).fetchone()
-    return int(row[0]) if row is not None and row[0] is not None else 0
+        row = conn.execute("SELECT MIN(seq) FROM events WHERE seq >= ?",
+                           (report.from_seq,)).fetchone()
+    return int(row[0]) + report.checked - 1 if row is not None and row[0] is not None else 0
 
 
 def check_chain(store: Store, from_seq: int = 0, to_seq: int = 0,
