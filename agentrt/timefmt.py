@@ -48,6 +48,7 @@ def _is_stored_form(text: str) -> bool:
         and text[13] == ":"
         and text[16] == ":"
         and text.isascii()
+        and (n == 20 or text[20:-1].isdigit())
     )
 
 

@@ -141,7 +141,10 @@ _SIDE_ACTIONS = {5: _lease_placeholders, 6: backfill_hashes}
 def current_version(conn: apsw.Connection) -> int:
     """The highest applied migration; raises apsw.SQLError without schema_migrations."""
     row = conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations").fetchone()
-    return int(row[0]) if row else 0
+    value = row[0] if row else 0
+    if not isinstance(value, int):
+        raise apsw.SQLError(f"schema_migrations.version holds {str(value)[:40]!r}, not an integer")
+    return value
 
 
 def _refuse_newer(version: int, path: str) -> None:

@@ -188,8 +188,10 @@ def refuse_unsafe_schema(conn: apsw.Connection, path: str) -> None:
     """Refuse a file holding a trigger or view: either would run its author's
     SQL inside the runtime's own statements. The runtime creates neither."""
     row = conn.execute(
-        "SELECT type, CAST(substr(name, 1, 128) AS BLOB) FROM sqlite_schema "
-        "WHERE type IN ('trigger', 'view') LIMIT 1"
+        # SQLite takes the type column case-insensitively when it loads the
+        # schema: a row typed 'TRIGGER' or 'View' is a trigger or view too.
+        "SELECT lower(type), CAST(substr(name, 1, 128) AS BLOB) FROM sqlite_schema "
+        "WHERE lower(type) IN ('trigger', 'view') LIMIT 1"
     ).fetchone()
     if row is not None:
         kind = str(row[0])
@@ -510,8 +512,11 @@ def open_writer(path: str) -> tuple[apsw.Connection, apsw.Connection]:
     and the tightening of modes.
     """
     refuse_long_path(path)
-    secure_files(path, create=True, write=False)
-    refuse_other_names(path)
+    # SQLite opens the file a symbolic link names and keeps its -wal, -shm and
+    # -journal beside that file: the rules apply there.
+    real = os.path.realpath(path)
+    secure_files(real, create=True, write=False)
+    refuse_other_names(real)
     uri = sqlite_uri(path, {})
     conns: list[apsw.Connection] = []
     with _opening(path, conns, action=_OPEN_AGAIN):
@@ -524,7 +529,7 @@ def open_writer(path: str) -> tuple[apsw.Connection, apsw.Connection]:
         switch_to_wal(conn, path)
         migrate(conn, path)
         conns.append(connect(uri, write=True))
-        secure_files(path, create=False, write=True)  # the WAL files SQLite made too
+        secure_files(real, create=False, write=True)  # the WAL files SQLite made too
     return conns[0], conns[1]
 
 
@@ -532,7 +537,7 @@ def open_reader(path: str, read_only: bool) -> tuple[apsw.Connection, apsw.Conne
     """``open_existing``'s connections; a writer also gets the lease connection."""
     lstat_regular(path)
     refuse_long_path(path)
-    secure_files(path, create=False, write=not read_only)
+    secure_files(path, create=False, write=False)  # tightened below, once accepted
     if not read_only:
         refuse_other_names(path)
     params = {"mode": "ro"} if read_only else {"mode": "rw"}
@@ -576,6 +581,7 @@ def open_reader(path: str, read_only: bool) -> tuple[apsw.Connection, apsw.Conne
         refuse_foreign_shape(conns[0], path)
         if not read_only:
             conns.append(connect(sqlite_uri(path, params), write=True))
+            secure_files(path, create=False, write=True)
     return conns[0], (conns[1] if len(conns) > 1 else None)
 
 

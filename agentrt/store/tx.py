@@ -140,6 +140,8 @@ _INSERT_EVENT_SQL = (
 
 
 _NO_LOCK = nullcontext()
+#: The largest seq SQLite hands out (a signed 64-bit rowid).
+_MAX_SEQ = 2**63 - 1
 _loads = orjson.loads
 _JSONDecodeError = orjson.JSONDecodeError
 
@@ -473,6 +475,10 @@ class Tx:
                 assert row is not None  # an aggregate always yields a row
                 seq = int(row[0])
                 self._head_hash = str(row[1] or "")
+        if seq >= _MAX_SEQ:
+            raise StoreWriteError(
+                conn.filename, f"its events have used every seq SQLite counts (the head is "
+                f"{str(seq)[:24]})", "copy the runs to keep into a new database")
         seq += 1
         text = data.decode("utf-8")  # as stored, and hashed as these UTF-8 bytes
         try:
