@@ -69,6 +69,7 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter, Sp
 
 from agentrt.errors import AgentrtError, described
 from agentrt.events import Event
+from agentrt.trace import stop_grace_seconds
 from agentrt_otel.config import ConfigError, build_resource, resource_attributes
 from agentrt_otel.mapping import SpanMapper
 from agentrt_otel.records import SpanStartSource
@@ -82,7 +83,8 @@ _log = logging.getLogger("agentrt_otel")
 #: How long an export attempt may go on once a stop came. A collector that
 #: answers does so in milliseconds; one that hangs would hold a SIGTERM for
 #: the SDK's whole timeout (up to a day), past a service manager's patience.
-STOP_GRACE = 5.0
+#: (The test suite shortens it with the private AGENTRT_STOP_GRACE_S.)
+STOP_GRACE = stop_grace_seconds(5.0)
 #: How often a running attempt looks at the stop event.
 _STOP_POLL = 0.05
 

@@ -4,7 +4,9 @@ Each receiver listens on a free port, decodes every
 ``ExportTraceServiceRequest`` it is sent, and keeps the spans as
 :class:`ReceivedSpan` values that compare across transports. ``fail_next(n)``
 makes the next ``n`` requests fail as a collector that is down does (gRPC
-UNAVAILABLE, HTTP 503), without keeping their spans. ``tls=True`` serves
+UNAVAILABLE, HTTP 503), without keeping their spans; ``retry_after`` adds an
+HTTP ``Retry-After`` to those 503s (``"0"``: the SDK retries at once instead
+of after its 1, 2, 4 s backoff). ``tls=True`` serves
 TLS with ``tests/tls/server.pem`` (signed by ``TLS_CA``) on an ``https://``
 endpoint; ``client_auth=True`` also requires a client certificate that CA
 signed. Both are context managers that stop cleanly on exit::
@@ -130,6 +132,8 @@ class _Collected:
         self.hang = 0.0
         #: HTTP: requests whose body arrived, answered or not.
         self.arrived = 0
+        #: HTTP: the Retry-After header of a refusal fail_next asked for (None: none).
+        self.retry_after: str | None = None
 
     def answer(self) -> trace_service_pb2.ExportTraceServiceResponse:
         reply = trace_service_pb2.ExportTraceServiceResponse()
@@ -247,6 +251,8 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {k.lower(): v for k, v in self.headers.items()}
         if not self.server.collected.take(request, headers):
             self.send_response(503)
+            if self.server.collected.retry_after is not None:
+                self.send_header("Retry-After", self.server.collected.retry_after)
             self.send_header("Content-Length", "0")
             self.end_headers()
             return

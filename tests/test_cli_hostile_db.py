@@ -182,10 +182,28 @@ def commands(recorded: Recorded) -> list[tuple[str, ...]]:
 DECISIONS = ("approve", "reject", "cancel")
 
 
+def same_file(path: str, original: str) -> bool:
+    """Whether ``path`` is still byte for byte (and mode) the database it was
+    copied from, with no write-ahead log beside it: then it holds the rows that
+    one does, found in a tenth of the time of reading 100 MB of them back."""
+    if os.path.exists(path + "-wal"):
+        return False
+    a, b = os.stat(path), os.stat(original)
+    if (a.st_size, a.st_mode) != (b.st_size, b.st_mode):
+        return False
+    with open(path, "rb") as f, open(original, "rb") as g:
+        while chunk := f.read(MB):
+            if chunk != g.read(MB):
+                return False
+    return True
+
+
 def check_answer(path: str, command: Sequence[str], result: Result, before: tuple | None,
-                 max_bytes: int = 2 * MB) -> None:
+                 max_bytes: int = 2 * MB, copied_from: str | None = None) -> None:
     """What every command owes the operator, whatever the database holds
-    (``before`` None: the caller compares the database itself)."""
+    (``before`` None: the caller compares the database itself; ``copied_from``:
+    the database ``path`` was copied from just before the command, which holds
+    ``before``)."""
     shown = " ".join(a[:40] for a in command)
     assert "Traceback" not in result.stderr, (shown, result.stderr[-2000:])
     assert result.code in (0, 1), (shown, result.code, result.stderr[-500:])
@@ -213,7 +231,8 @@ def check_answer(path: str, command: Sequence[str], result: Result, before: tupl
         return
     if command[0] not in DECISIONS:
         assert snapshot(path) == before, shown
-    elif result.code != 0 and "expired" not in result.stderr:
+    elif (result.code != 0 and "expired" not in result.stderr
+          and (copied_from is None or not same_file(path, copied_from))):
         # A refused decision changes nothing (deciding an approval found past its
         # expiry records the expiry and cancels the run, as the reference does).
         assert snapshot(path) == before, (shown, result.stderr)
@@ -231,7 +250,8 @@ def run_all(path: str, recorded: Recorded, max_bytes: int = 2 * MB) -> dict[str,
             shutil.copyfile(path, work)
             os.chmod(work, 0o600)
         result = invoke("--db", work, *command)
-        check_answer(work, command, result, before if work != path else None, max_bytes)
+        check_answer(work, command, result, before if work != path else None, max_bytes,
+                     copied_from=path if work != path else None)
         out[" ".join(command)] = result
         if work != path:
             os.remove(work)

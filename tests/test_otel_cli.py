@@ -74,12 +74,21 @@ def _stderr_until(proc: subprocess.Popen, marker: bytes, timeout: float = 60.0) 
     return seen
 
 
-def export(db: str, *args: str, **kw) -> subprocess.Popen:
+#: An export timeout that leaves the SDK time for exactly one retry of a
+#: transient failure (its first backoff is 0.8-1.2 s, its second 1.6-2.4 s):
+#: the path its default 10 s takes (retry, then give up for time), said in the
+#: outage line after about a second instead of seven.
+RETRIED_ONCE = {"OTEL_EXPORTER_OTLP_TIMEOUT": "2000"}
+
+
+def export(db: str, *args: str, env_extra: dict[str, str] | None = None,
+           **kw) -> subprocess.Popen:
     env = child_env()
     for key in list(env):
         if key.startswith("OTEL_"):
             del env[key]
     env["OTEL_SERVICE_NAME"] = "agentrt-test"
+    env.update(env_extra or {})
     return subprocess.Popen(
         [sys.executable, "-m", "agentrt_export.cli", "otel", "--db", db, *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO_ROOT, **kw)
@@ -114,7 +123,7 @@ def test_otel_command_waits_out_a_collector_outage_without_moving_the_cursor(tmp
     port = _free_port()
     # No collector yet: the exporter retries and never saves past the first page.
     proc = export(db, "--endpoint", f"http://127.0.0.1:{port}", "--cursor-file", str(cursor),
-                  "--page-size", "10")
+                  "--page-size", "10", env_extra=RETRIED_ONCE)
     seen = _stderr_until(proc, b"failed (")  # the outage has begun, however slow the start
     time.sleep(1)  # and goes on for a few attempts
     assert not cursor.exists()
@@ -133,11 +142,13 @@ def test_otel_command_waits_out_a_collector_outage_without_moving_the_cursor(tmp
     assert b"Transient error" not in err and b"HTTPConnectionPool" not in err
     assert not cursor.exists()
     with HttpReceiver(port) as receiver:
-        receiver.fail_next(3)  # and a flaky one once it is back
+        receiver.fail_next(3)  # and a flaky one once it is back, which the SDK retries
+        receiver.retry_after = "0"  # at once, not over its 1 + 2 + 4 s backoff
         proc = export(db, "--endpoint", f"http://127.0.0.1:{port}", "--cursor-file",
                       str(cursor), "--page-size", "10")
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
+        assert receiver.refused == 3
         assert received_keys(receiver) == expected_keys(events)
     assert cursor.read_text() == f"{events[-1].seq}\n"
 

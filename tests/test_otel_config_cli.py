@@ -21,6 +21,7 @@ import pytest
 from eventdb import child_env, child_process
 from otlp_receivers import GrpcReceiver, HttpReceiver
 from test_otel_cli import (
+    RETRIED_ONCE,
     _stderr_until,
     expected_keys,
     received_keys,
@@ -200,7 +201,7 @@ QUICK = {"OTEL_EXPORTER_OTLP_TIMEOUT": "1000"}
 
 @pytest.mark.parametrize(("status", "reason", "said", "env"), [
     # Statuses the SDK retries itself: it logged the bare reason, no status...
-    (503, None, "HTTP 503 Service Unavailable", {}),
+    (503, None, "HTTP 503 Service Unavailable", RETRIED_ONCE),
     # ... or, with no time left for its next retry, no cause at all: the line
     # said "no answer within the export timeout" of a collector that answered.
     (503, None, "HTTP 503 Service Unavailable", QUICK),

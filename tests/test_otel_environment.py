@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import pytest
 from eventdb import child_env, child_process
 from otlp_receivers import GrpcReceiver, HttpReceiver
-from test_otel_cli import expected_keys, received_keys, scenario_db
+from test_otel_cli import RETRIED_ONCE, expected_keys, received_keys, scenario_db
 from test_otel_config_cli import outage_lines as stopped_at_outage
 from test_otel_config_cli import raw_server
 
@@ -33,9 +33,11 @@ def clean_env(**variables: str) -> dict[str, str]:
 
 
 def outage_lines(db: str, cursor: str, endpoint: str, env: dict[str, str]) -> list[str]:
-    """The command's stderr lines up to its outage line, run in ``env``."""
+    """The command's stderr lines up to its outage line, run in ``env`` (with an
+    export timeout that lets the SDK retry a connection error once, as its
+    default does, but say the outage in a second, not seven)."""
     return stopped_at_outage(db, cursor, "--endpoint", endpoint, marker=b"failed (",
-                             whole_env=env)
+                             whole_env={**env, **RETRIED_ONCE})
 
 
 @contextmanager
