@@ -149,16 +149,23 @@ class _Progress:
         if self._ended or (self._head - seq < _PROGRESS_BACKLOG and not self._shown):
             return
         self._shown = True
-        sys.stderr.write(f"\rexported through seq {seq} of {self._head}")
+        self._draw(f"\rexported through seq {seq} of {self._head}")
         if seq >= self._head or count < self._page_size:
             self.end()
-        sys.stderr.flush()
 
     def end(self) -> None:
         if self._shown and not self._ended:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+            self._draw("\n")
         self._ended = True
+
+    def _draw(self, text: str) -> None:
+        # The terminal may be gone (a hangup: EIO); the progress line is not the
+        # export, so it stops being drawn instead of failing the command.
+        try:
+            sys.stderr.write(text)
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            self._ended = True
 
 
 def run_follower(
@@ -216,7 +223,7 @@ def _follow(
         try:
             if settings.after_seq is not None:
                 _check_after_seq(store, settings.after_seq)
-            if sys.stderr.isatty():
+            if sys.stderr is not None and sys.stderr.isatty():
                 progress = _Progress(store, settings.page_size)
             follower = Follower(
                 store,
@@ -318,6 +325,9 @@ def _resumes(cursor: Cursor | None) -> str:
         seq = cursor.load()
     except Exception:  # the sentence is about the output; the cursor speaks for itself later
         return f"the cursor is in {cursor.path}"
+    if not seq and not os.path.exists(cursor.path):
+        return (f"no position was saved yet in {cursor.path}, so the next start writes every "
+                "event again")
     return (f"{cursor.path} holds seq {seq}: the next start writes the events after it, "
             "completing a record cut short in a file it appends to")
 

@@ -44,6 +44,7 @@ _DIGITS = re.compile(rb"[0-9]+")
 #: ``<seq>:<chain hash of the event at seq>`` (see ``FileCursor.binding``).
 BINDING_ATTRIBUTE = "user.agentrt.chain_hash"
 _BINDING = re.compile(r"([0-9]{1,19}):([0-9a-f]{64})")
+_HASH = re.compile(r"[0-9a-f]{64}")
 #: The extended attribute naming the scope a cursor file's seq was saved under:
 #: ``<seq>:<scope>``, the scope as :func:`scope_of` makes it. An attribute of its
 #: own, beside the binding: a reader that knows only the binding (an older
@@ -224,6 +225,16 @@ class FileCursor:
         if not stat.S_ISDIR(dir_mode):
             raise CursorError(path, f"cursor file {path} is not in a directory: {directory} is "
                                     "not one; name a cursor file in a directory")
+        try:
+            name_max = os.pathconf(directory, "PC_NAME_MAX")
+        except (OSError, ValueError):
+            name_max = 255
+        if len(os.fsencode(f".{name}.")) + 8 > name_max or len(os.fsencode(name)) + 5 > name_max:
+            raise CursorError(path, f"cursor file name {name} is too long: a save writes "
+                                    f".{name}.XXXXXXXX and the hold {name}.lock beside it, "
+                                    f"longer than the {name_max} bytes a name may have in "
+                                    f"{directory}; name a cursor file of at most "
+                                    f"{name_max - 10} bytes")
         if not os.access(directory, os.W_OK | os.X_OK):
             raise CursorError(path, f"cannot save cursor file {path}: this user cannot write its "
                                     f"directory {directory}; make the directory writable, or name "
@@ -448,7 +459,7 @@ class FileCursor:
                 while data:
                     data = data[os.write(fd, data) :]
                 os.fchmod(fd, 0o600)  # mkstemp's 0600 may have lost bits to the umask
-                if binding:
+                if binding and _HASH.fullmatch(binding):  # else unbound, as binding() reads it
                     _set_attribute(fd, BINDING_ATTRIBUTE, f"{seq}:{binding}".encode("ascii"))
                 if scope:
                     _set_attribute(fd, SCOPE_ATTRIBUTE, f"{seq}:{scope}".encode())

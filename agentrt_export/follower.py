@@ -267,12 +267,14 @@ class Follower:
         ``end_hash`` is the chain hash of the page's last event, read with it."""
         if isinstance(sink, PageSink):
             try:
-                sink.handle_page(page)
+                returned: object = sink.handle_page(page)  # type: ignore[func-returns-value]
+                _refuse_awaitable(returned, sink)  # a plain def around async code
             except PartialPage as cut:
                 # The first events reached the destination: a restart must
                 # begin after them, with the one that failed.
                 if cut.accepted:
-                    self._save_before_raising(page[cut.accepted - 1].seq, cut.error)
+                    self._save_before_raising(page[cut.accepted - 1].seq, cut.error,
+                                              (page[-1].seq, end_hash))
                 raise cut.error from None
             last = page[-1].seq
             self._save(last, end_hash)
@@ -280,26 +282,40 @@ class Follower:
         last = 0
         try:
             for event in page:
-                sink(event)
+                _refuse_awaitable(sink(event), sink)
                 last = event.seq
         except Exception as exc:
             # The sink refused an event: keep what it accepted before it, if
             # that reached the sink's stream, so a restart begins with the
             # refused event. (BaseException, e.g. a hard kill, saves nothing.)
             if last and _flush(sink):
-                self._save_before_raising(last, exc)
+                self._save_before_raising(last, exc, (page[-1].seq, end_hash))
             raise
         if not _flush(sink, raising=True):
             return page[0].seq - 1  # pragma: no cover - _flush raised
         self._save(last, end_hash)
         return last
 
-    def _save_before_raising(self, seq: int, error: Exception) -> None:
+    def _save_before_raising(self, seq: int, error: Exception,
+                             page_end: tuple[int, str | None] | None = None) -> None:
         """Save ``seq`` on the way out of a sink failure. A save that fails too
         is noted on ``error``, which stays the one raised: its type is what a
-        caller catches (the reference joins the two the same way)."""
+        caller catches (the reference joins the two the same way).
+
+        ``page_end`` is the seq and chain hash of the page's last event as read
+        with the page: the cursor is bound only if the history still ends the
+        page that way (restored or rewritten meanwhile: not saved, so the next
+        start checks the cursor saved before it against the new history)."""
         try:
-            self._save(seq)
+            known = None
+            if page_end is not None and page_end[1] is not None:
+                with self.store.locked() as conn, one_snapshot(conn):
+                    now_end, known = self._hash_at(page_end[0]), self._hash_at(seq)
+                if now_end != page_end[1] or known is None:
+                    error.add_note(f"the cursor was not saved at seq {seq}: "
+                                   f"{self.store.path} changed while the page was in hand")
+                    return
+            self._save(seq, known)
         except Exception as save_error:  # noqa: BLE001 - reported on the sink's error
             error.add_note(f"and the cursor could not be saved at seq {seq}: {save_error}")
 
@@ -415,6 +431,18 @@ def _is_async(sink: object) -> bool:
     called = sink.handle_page if isinstance(sink, PageSink) else sink
     return (inspect.iscoroutinefunction(called)
             or inspect.iscoroutinefunction(type(called).__call__))
+
+
+def _refuse_awaitable(result: object, sink: object) -> None:
+    """Refuse what a sink returned that still has to run (a coroutine of an
+    async client called from a plain function): the event was not handled."""
+    if inspect.isawaitable(result):
+        close = getattr(result, "close", None)
+        if callable(close):
+            close()  # no "never awaited" warning on top of the sentence
+        raise FollowError(f"sink {_described(sink)} returned {_described(result)}, which "
+                          "has not run: the event was not handled; await it inside the sink "
+                          "(asyncio.run) or pass a function that does the work")
 
 
 def _scope_words(scope: str) -> tuple[str, str]:

@@ -11,6 +11,7 @@ that socket sets the events, as any other thread may.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import threading
@@ -24,6 +25,8 @@ _lock = threading.Lock()
 #: Each call's signals and the event they set; one reader serves them all.
 _watched: list[tuple[frozenset[int], threading.Event]] = []
 _reader: threading.Thread | None = None
+#: The socket the reader thread reads; the handler writes to it too.
+_sender: socket.socket | None = None
 
 
 def stop_on_signals(stop: threading.Event,
@@ -34,7 +37,7 @@ def stop_on_signals(stop: threading.Event,
     add up: each event is set by its own signals, through one socket and one
     thread. It takes over ``signal.set_wakeup_fd``.
     """
-    global _reader
+    global _reader, _sender
     if threading.current_thread() is not threading.main_thread():
         raise ValueError("stop_on_signals() must be called from the main thread, the only "
                          "one Python lets install signal handlers")
@@ -44,6 +47,7 @@ def stop_on_signals(stop: threading.Event,
         if _reader is None:
             receiver, sender = socket.socketpair()
             sender.setblocking(False)
+            _sender = sender
             signal.set_wakeup_fd(sender.fileno(), warn_on_full_buffer=False)
             _reader = threading.Thread(target=_set_on_signal, args=(receiver, sender),
                                        name="agentrt-export signals", daemon=True)
@@ -53,7 +57,15 @@ def stop_on_signals(stop: threading.Event,
 
 
 def _handled_by_the_thread(signum: int, frame: object) -> None:
-    """Replaces the default action (terminate); ``_set_on_signal`` does the work."""
+    """Replaces the default action (terminate); ``_set_on_signal`` does the work.
+
+    The wakeup fd is process-wide, and asyncio's ``add_signal_handler`` takes it
+    over and leaves it at -1 when its loop closes: the signal's number is also
+    written here, so the stop still comes (twice is harmless)."""
+    sender = _sender
+    if sender is not None:
+        with contextlib.suppress(OSError):
+            sender.send(bytes([signum]))
 
 
 def _set_on_signal(receiver: socket.socket, sender: socket.socket) -> None:

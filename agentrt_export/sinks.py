@@ -6,6 +6,7 @@ the cursor before that event, so the next start hands it over again.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import io
 import os
@@ -63,6 +64,10 @@ class JSONLSink:
         self._write = self._out.write
         self._mended = False
         self._on_mend = on_mend
+        #: The mend's sentence, told once the write that mends is done: said
+        #: before it, on a stderr that shares the output file (systemd's
+        #: StandardError=inherit, ``>> f 2>&1``), it would split the record.
+        self._mend_note: str | None = None
 
     def __call__(self, event: Event) -> None:
         """Write ``event``'s record; raise the write failure, if any."""
@@ -70,6 +75,7 @@ class JSONLSink:
         if not self._mended:
             record, _ = self._mend(record)
         self._write(record)
+        self._tell_mend()
 
     def _mend(self, data: bytes) -> tuple[bytes, int]:
         """What to write instead of ``data`` so that the file it goes to holds
@@ -86,14 +92,17 @@ class JSONLSink:
         if not tail:
             return data, 0
         if data.startswith(tail):
-            if self._on_mend is not None:
-                self._on_mend(f"the output ended in the first {len(tail)} bytes of the next "
-                              "record, cut short by an earlier write; wrote the rest of it")
+            self._mend_note = (f"the output ended in the first {len(tail)} bytes of the next "
+                               "record, cut short by an earlier write; wrote the rest of it")
             return data[len(tail):], len(tail)
-        if self._on_mend is not None:
-            self._on_mend(f"the output ended in an unfinished line of {len(tail)} bytes that "
-                          "is not the next record; ended it with a newline")
+        self._mend_note = (f"the output ended in an unfinished line of {len(tail)} bytes that "
+                           "is not the next record; ended it with a newline")
         return b"\n" + data, -1
+
+    def _tell_mend(self) -> None:
+        note, self._mend_note = self._mend_note, None
+        if note is not None and self._on_mend is not None:
+            self._on_mend(note)
 
     def handle_page(self, events: Sequence[Event]) -> None:
         """Write the records of a page at once and flush them; raise the failure, if any.
@@ -120,6 +129,8 @@ class JSONLSink:
             if accepted:
                 raise PartialPage(accepted, exc) from exc
             raise
+        self._tell_mend()
+        _sync_regular_file(self._stream)  # raises: no record of the page counts as delivered
 
     def flush(self) -> None:
         """Push written records to their destination; raise on failure."""
@@ -128,6 +139,24 @@ class JSONLSink:
     def err(self) -> Exception | None:
         """The first write or flush failure, or None."""
         return self._out.err()
+
+
+def _sync_regular_file(stream: object) -> None:
+    """fdatasync the regular file under ``stream``: the cursor is fsynced after
+    the page, so after a power cut the file must hold at least what the cursor
+    says was delivered. Pipes, terminals and streams without a descriptor are
+    left alone."""
+    try:
+        fd = int(stream.fileno())  # type: ignore[attr-defined]
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return
+    try:
+        getattr(os, "fdatasync", os.fsync)(fd)  # macOS has no fdatasync
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:  # a file system that cannot sync: as durable as it makes it
+            raise
 
 
 #: How far back :func:`torn_tail` looks for the newline before a torn record.
