@@ -8,8 +8,13 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
+PYOK := import sys; sys.exit(sys.version_info < (3, 11))
+
 $(STAMP): pyproject.toml constraints.txt
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -c '$(PYOK)' 2>/dev/null || { \
+	  test -n "$(PYTHON)" && $(PYTHON) -c '$(PYOK)' || { \
+	    echo "make: agentrt needs Python 3.11 or newer; found: $$($(PYTHON) -V 2>&1 || echo none). Install python3.11, or pass PYTHON=/path/to/python3.11" >&2; exit 1; }; \
+	  rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
 	$(BIN)/python -m pip install --quiet --upgrade -c constraints.txt pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)

@@ -3,7 +3,7 @@
 The scenario goes through what the runtime is for: two allowed tool calls, a
 malformed request (recorded verbatim, refused by the schema), a destructive
 call the policy denies, a deploy that pauses for a person, the operator's
-approval through the same function the ``agentrt`` command calls, the resume
+approval (the decision ``agentrt approve`` makes, unbound to a shown hash), the resume
 that executes exactly the approved request, and the finish. Then it shows the
 file through the shipped commands: ``agentrt runs``, ``show``, ``events`` and
 ``verify``, and the first records of ``agentrt-export jsonl``.
@@ -19,10 +19,11 @@ from datetime import timedelta
 
 import apsw
 
+from agentrt.clitools import silence_stdout
 from agentrt.driver import DefaultPolicy, Driver, FuncTool, ToolCall, ToolResult, approve
 from agentrt.errors import AgentrtError
 from agentrt.records import Decision, Limits, Run
-from agentrt.store import Store, open_store
+from agentrt.store import Store, open_existing, open_store
 from agentrt.store.opening import sqlite_failure
 from agentrt.testing import ScriptedAgent
 
@@ -71,7 +72,21 @@ DEMO_SCRIPT = [
 ]
 
 
+_GOAL = "deploy the service to staging"
+
+
 def _remove(path: str) -> None:
+    """Remove an earlier demo's database at ``path``; refuse any other file there
+    (the path is the caller's choice: it may name their own database or notes)."""
+    if os.path.lexists(path) and not (os.path.isfile(path) and os.path.getsize(path) == 0):
+        try:
+            with contextlib.closing(open_existing(path, read_only=True)) as old:
+                mine = all(r.goal == _GOAL for r in old.list_runs())
+        except (AgentrtError, apsw.Error):
+            mine = False
+        if not mine:
+            raise AgentrtError(f"{path} exists and is not an earlier demo's database; "
+                               "name a new file (the demo replaces only its own)")
     for suffix in ("", "-wal", "-shm"):
         with contextlib.suppress(FileNotFoundError):
             os.remove(path + suffix)
@@ -84,7 +99,7 @@ def run_demo(path: str) -> tuple[Store, Run]:
     driver = Driver(store, ScriptedAgent(DEMO_SCRIPT), DefaultPolicy(), demo_tools(),
                     lease_owner="demo")
     limits = Limits(max_steps=20, max_consecutive_tool_failures=3, loop_threshold=3)
-    run = driver.start("deploy the service to staging", limits)
+    run = driver.start(_GOAL, limits)
     if run.status == "WAITING_FOR_APPROVAL":
         pending = [a for a in store.list_approvals(run.id) if a.status == "pending"]
         for a in pending:
@@ -136,10 +151,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"demo: {said}", file=sys.stderr)
         return 1
     store.close()
-    _print(path, run)
-    bin_dir = os.path.relpath(os.path.dirname(sys.executable))
-    print(f"recorded in {path}; look again with: {os.path.join(bin_dir, 'agentrt')} "
-          f"--db {path} runs  (or: source {os.path.join(bin_dir, 'activate')})")
+    try:
+        _print(path, run)
+        bin_dir = os.path.relpath(os.path.dirname(sys.executable))
+        print(f"recorded in {path}; look again with: {os.path.join(bin_dir, 'agentrt')} "
+              f"--db {path} runs  (or: source {os.path.join(bin_dir, 'activate')})", flush=True)
+    except BrokenPipeError:  # `make demo | head`: the reader has what it wanted
+        silence_stdout()
+    except OSError as exc:  # a full disk, a closed stdout
+        silence_stdout()
+        print(f"demo: recorded in {path}, but writing what it shows failed: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        return 1
     return 0 if run.status == "COMPLETED" else 1
 
 

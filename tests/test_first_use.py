@@ -1,0 +1,98 @@
+"""What a new user meets first: the demo's output piped or failing, the demo
+pointed at a file of their own, a trace observer given a stream it cannot write,
+and the Makefile on a machine whose Python is too old."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from eventdb import REPO_ROOT, child_env
+
+from agentrt import trace
+
+
+def _demo(path: str, **kw) -> subprocess.CompletedProcess[str]:
+    kw.setdefault("capture_output", True)
+    return subprocess.run([sys.executable, "-m", "agentrt.demo", path], env=child_env(),
+                          text=True, timeout=120, **kw)
+
+
+def test_the_demo_into_a_pipe_closed_early_ends_without_a_traceback(tmp_path):
+    done = subprocess.run(f"{sys.executable} -m agentrt.demo {tmp_path}/demo.db | head -n 3",
+                          shell=True, env=child_env(), cwd=str(tmp_path), capture_output=True,
+                          text=True, timeout=120)
+    assert done.stdout.count("\n") == 3
+    assert done.stderr == ""
+
+
+def test_the_demo_onto_a_full_stdout_says_so_in_one_sentence(tmp_path):
+    with open("/dev/full", "w") as full:
+        done = _demo(str(tmp_path / "demo.db"), stdout=full, stderr=subprocess.PIPE,
+                     capture_output=False)
+    assert done.returncode == 1
+    assert done.stderr.startswith("demo: recorded in ") and done.stderr.count("\n") == 1
+    assert "No space left on device" in done.stderr
+
+
+def test_the_demo_does_not_delete_a_file_it_did_not_make(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    done = _demo(str(notes))
+    assert done.returncode == 1
+    assert "is not an earlier demo's database" in done.stderr
+    assert notes.read_bytes() == b"my notes\n"
+
+
+def test_the_demo_does_not_delete_a_database_with_runs_of_its_own(tmp_path):
+    db = str(tmp_path / "runs.db")
+    program = (
+        "from agentrt import Decision, Limits, open_store\n"
+        "from agentrt.driver import DefaultPolicy, Driver\n"
+        "from agentrt.testing import ScriptedAgent\n"
+        f"s = open_store({db!r})\n"
+        "Driver(s, ScriptedAgent([Decision.complete('{}')]), DefaultPolicy()).start("
+        "'mine', Limits(max_steps=3, max_consecutive_tool_failures=3, loop_threshold=3))\n"
+        "s.close()\n")
+    subprocess.run([sys.executable, "-c", program], env=child_env(), check=True, timeout=60)
+    before = Path(db).read_bytes()
+    assert _demo(db).returncode == 1
+    assert Path(db).read_bytes() == before
+
+
+def test_the_demo_replaces_its_own_earlier_database(tmp_path):
+    db = str(tmp_path / "demo.db")
+    assert _demo(db).returncode == 0
+    assert _demo(db).returncode == 0
+
+
+@pytest.mark.parametrize("mode", ["r", "rb"])
+def test_a_trace_observer_refuses_a_stream_opened_for_reading(tmp_path, mode):
+    path = tmp_path / "trace.jsonl"
+    path.write_bytes(b"")
+    with open(path, mode) as stream, pytest.raises(ValueError, match="opened for reading only"):
+        trace.jsonl(stream)
+
+
+def test_make_refuses_a_python_older_than_3_11_in_one_sentence_and_makes_no_venv(tmp_path):
+    """A .venv made by an old Python would be reused by every later make, even
+    once python3.11 is installed."""
+    old = tmp_path / "python3.10"
+    old.write_text("#!/bin/sh\n"
+                   'case "$1" in -V) echo "Python 3.10.13";; *) exit 1;; esac\n')
+    old.chmod(0o755)
+    work = tmp_path / "checkout"
+    work.mkdir()
+    for name in ("Makefile", "pyproject.toml", "constraints.txt"):
+        shutil.copy(os.path.join(REPO_ROOT, name), work / name)
+    done = subprocess.run(["make", "-s", "install", f"PYTHON={old}"], cwd=work,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert done.stderr.splitlines()[0] == (
+        "make: agentrt needs Python 3.11 or newer; found: Python 3.10.13. Install python3.11, "
+        "or pass PYTHON=/path/to/python3.11")
+    assert not (work / ".venv").exists()
