@@ -12,6 +12,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -19,8 +20,17 @@ import pytest
 import requests
 from _driver_kit import fixture_tools, limits
 
-from agentrt.driver import CancelledError, DefaultPolicy, Driver, ModelConfig, ModelResponse
-from agentrt.records import RunStatus, Usage
+from agentrt.driver import (
+    AgentFunc,
+    CancelledError,
+    CancelToken,
+    DefaultPolicy,
+    Driver,
+    ModelConfig,
+    ModelRequest,
+    ModelResponse,
+)
+from agentrt.records import Decision, RunStatus, Usage
 from agentrt.store import open_store
 from agentrt.testing import ModelToolAgent
 
@@ -132,3 +142,31 @@ def test_a_refused_connection_never_reached_the_provider_and_is_an_uncharged_err
     assert b'"status":"error"' in failed and b'"cost_micros":0' in failed
     assert b'"input_tokens":0,"output_tokens":0' in failed
     assert run.status == RunStatus.FAILED and model.calls == 1
+
+
+class _Deaf:
+    """A model that ignores its token and answers late."""
+
+    def name(self) -> str:
+        return "m"
+
+    def generate(self, request: Any, cancel: Any) -> ModelResponse:
+        time.sleep(2)
+        raise RuntimeError("late")
+
+
+def test_the_callers_deadline_stops_the_wait_on_a_model_that_ignores_its_token() -> None:
+    def decide(step: Any) -> Decision:
+        step.model.generate(ModelRequest())
+        return Decision.complete()
+
+    store = open_store(":memory:")
+    driver = Driver(store, AgentFunc(decide), DefaultPolicy(), [],
+                    model=ModelConfig(_Deaf(), call_timeout=timedelta(seconds=60)))
+    started = time.monotonic()
+    with pytest.raises(CancelledError):
+        driver.start("g", limits(), run_id="r", cancel=CancelToken(timeout=0.3))
+    assert time.monotonic() - started < 1.5
+    failed = [e.payload for e in store.list_events("r") if e.type == "model.failed"]
+    assert len(failed) == 1 and b'"status":"ambiguous"' in failed[0]
+    assert b"abandoned when its caller stopped (deadline exceeded)" in failed[0]

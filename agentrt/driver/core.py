@@ -132,10 +132,16 @@ class Core:
     monotonic: Callable[[], float]
 
     def spec_entries(self) -> list[tuple[ToolSpec, str, bytes]]:
-        """Every registered tool's current spec and recorded form, in name order."""
+        """Every registered tool's current spec and recorded form, in name order,
+        for ``run.created``: a spec that now fails its checks refuses the start
+        in one sentence naming the tool, before anything is written."""
         out = []
-        for tool in self.tools.values():
-            spec, spec_hash, text, _ = tool.current()
+        for name, tool in self.tools.items():
+            try:
+                spec, spec_hash, text, _ = tool.current()
+            except ValueError as exc:
+                raise ConfigError(f'start run: tool "{name}": {exc}; nothing was written'
+                                  ) from exc
             out.append((spec, spec_hash, text))
         return out
 

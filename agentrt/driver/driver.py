@@ -186,8 +186,11 @@ class Driver:
         check_text("lease_token", lease_token, utf8=_NOT_UTF8_OWNER)
         lease_ttl_ = _ttl(lease_ttl)
         policy_id = ""
-        if isinstance(policy, IdentifiedPolicy):
-            policy_id = check_policy_id(policy.policy_id())
+        if isinstance(policy, IdentifiedPolicy):  # it has a policy_id attribute
+            named = policy.policy_id
+            check_callable("policy.policy_id", named, "a method policy_id(self) -> str",
+                           sync=True)
+            policy_id = check_policy_id(_answer(named, "policy.policy_id()"))
         self._core = Core(
             store=store,
             agent=agent,

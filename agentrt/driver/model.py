@@ -552,14 +552,14 @@ class ModelCaller:
         try:
             out = call_in_thread(lambda: model.generate(request, token),
                                  self._config.call_timeout.total_seconds(),
-                                 f"agentrt-model-{call_id[:8]}")
+                                 f"agentrt-model-{call_id[:8]}", stop=self._cancel)
         except BaseException:
             token.cancel("interrupted")  # the wait ended (a Ctrl-C), not the call: stop it
             raise
         finally:
             self._cancel.release(token)
         if out is None:
-            token.cancel("deadline exceeded")
+            token.cancel(self._cancel.reason if self._cancel.done else "deadline exceeded")
         completed_at = self._now()
         latency = max(int((completed_at - dispatched_at) / timedelta(milliseconds=1)), 0)
         try:
@@ -576,11 +576,12 @@ class ModelCaller:
         ambiguous = ModelCallStatus.AMBIGUOUS.value
         error = ModelCallStatus.ERROR.value
         if out is None:
-            text = (f"no reply within the call timeout of "
-                    f"{format_duration(int(self._config.call_timeout.total_seconds() * 1e9))}")
-            if self._cancel.cancelled:
+            if self._cancel.done:  # abandoned: the caller stopped (a cancel, its deadline)
+                text = f"abandoned when its caller stopped ({self._cancel.reason})"
                 return _Attempt(ambiguous, estimate, estimate_cost, text,
                                 raise_=CancelledError(self._cancel.reason))
+            text = (f"no reply within the call timeout of "
+                    f"{format_duration(int(self._config.call_timeout.total_seconds() * 1e9))}")
             return _Attempt(ambiguous, estimate, estimate_cost, text, retry=True)
         exc = out.error
         if exc is None:

@@ -80,7 +80,9 @@ def _content(name: str, value: object) -> tuple[Observation, bytes]:
 def run_tool(worker: Worker, tool: Tool, spec: ToolSpec, run_id: str, step_id: str,
              args: bytes, caller: CancelToken,
              monotonic: Callable[[], float] = time.monotonic) -> ToolOutcome:
-    """Call ``tool`` on the session's worker; stop waiting at ``spec.timeout``.
+    """Call ``tool`` on the session's worker; stop waiting at ``spec.timeout``, or
+    once the caller is done (cancelled or past its deadline): a tool that ignores
+    its token is then abandoned, and recorded as cancelled, not timed out.
 
     ``duration_ms`` is measured on ``monotonic`` (read once before, once after).
     """
@@ -90,7 +92,7 @@ def run_tool(worker: Worker, tool: Tool, spec: ToolSpec, run_id: str, step_id: s
     call = ToolCall(run_id, step_id, args, token)
     started = monotonic()
     try:
-        out = worker.call(tool.call, timeout, call)
+        out = worker.call(tool.call, timeout, call, stop=caller)
     except BaseException:
         # A Ctrl-C (or another BaseException) ended the wait, not the tool: the call
         # is abandoned, so ask it to stop, as at its timeout.
@@ -100,10 +102,13 @@ def run_tool(worker: Worker, tool: Tool, spec: ToolSpec, run_id: str, step_id: s
         caller.release(token)
     duration_ms = int((monotonic() - started) * 1000)
     if out is None:
+        if caller.done:  # cancelled, or its deadline passed before the timer said so
+            reason = caller.reason
+            token.cancel(reason)
+            return _cancelled(name, f"abandoned when its caller stopped ({reason})",
+                              duration_ms)
         token.cancel("deadline exceeded")
         error = f"no outcome within the timeout of {format_duration(duration_ns(spec.timeout))}"
-        if caller.cancelled:
-            return _cancelled(name, error, duration_ms)
         return ToolOutcome(_failure(name, "timeout", error), duration_ms)
     exc = out.error
     if exc is None:

@@ -183,15 +183,26 @@ def _refuse(uri: str) -> referencing.Resource[Any]:
     raise referencing.exceptions.NoSuchResource(ref=uri)  # type: ignore[call-arg]
 
 
+#: Keywords whose values are data, not schemas: a "$ref" inside one is not a reference.
 _NOT_SCHEMAS = frozenset(("const", "enum", "examples", "default"))
+#: Keywords whose values map names to schemas: a schema named "default" is still a schema.
+_NAMED_SCHEMAS = frozenset(("properties", "patternProperties", "$defs", "definitions",
+                            "dependentSchemas", "dependencies"))
 
 
-def _refs(node: Any, resolver: Resolver[Any]) -> Iterator[tuple[str, Resolver[Any]]]:
+def _refs(node: Any, resolver: Resolver[Any], *,
+          named: bool = False) -> Iterator[tuple[str, Resolver[Any]]]:
+    """Every reference in ``node`` with the resolver it is looked up with;
+    ``named``: ``node`` maps names to schemas, whatever the names."""
     if isinstance(node, list):
         for item in node:
             yield from _refs(item, resolver)
         return
     if not isinstance(node, dict):
+        return
+    if named:
+        for value in node.values():
+            yield from _refs(value, resolver)
         return
     if isinstance(node.get("$id"), str):
         resolver = resolver.in_subresource(
@@ -202,7 +213,9 @@ def _refs(node: Any, resolver: Resolver[Any]) -> Iterator[tuple[str, Resolver[An
         if isinstance(ref, str):
             yield ref, resolver
     for key, value in node.items():
-        if key not in _NOT_SCHEMAS:
+        if key in _NAMED_SCHEMAS:
+            yield from _refs(value, resolver, named=True)
+        elif key not in _NOT_SCHEMAS:
             yield from _refs(value, resolver)
 
 
@@ -302,9 +315,11 @@ class RegisteredTool:
     def current(self) -> tuple[ToolSpec, str, bytes, jsonschema.protocols.Validator]:
         """(spec, spec hash, canonical spec text, validator) as the tool states it now.
 
-        Raises ValueError when the spec the tool now returns cannot be compiled,
-        or when ``spec()`` itself raises (the loop then treats the tool as it
-        treats one with a broken spec, instead of stopping mid-step).
+        Raises ValueError when the spec the tool now returns fails a check it
+        would fail at registration (a side effect, a timeout, a schema), names
+        the tool differently, or when ``spec()`` itself raises (the loop then
+        treats the tool as it treats one with a broken spec, instead of
+        stopping mid-step or running it under a spec no one registered).
         """
         try:
             spec = self.tool.spec()
@@ -318,11 +333,15 @@ class RegisteredTool:
             entry = self._entries.get(key)
         except TypeError:  # an unhashable field: a mistyped spec, refused below
             entry = None
-        if entry is None:
+        if entry is None:  # a spec not seen before: checked as at registration
             try:
                 check_spec_types(spec, "its spec")
+                _check_values(spec, "its spec")
             except ConfigError as exc:
                 raise ValueError(exc.detail) from None
+            if spec.name != self.name:  # the loop finds the tool by its registered name
+                raise ValueError(f'spec() now names the tool "{spec.name}"; it was '
+                                 f'registered as "{self.name}"')
             validator = compile_schema(spec.input_schema)
             spec_hash, text = spec.spec_hash()
             entry = (spec_hash, text, validator)
@@ -348,14 +367,19 @@ def check_spec_types(spec: ToolSpec, where: str = "") -> None:
         raise ConfigError(f"{where}: terminal is {described(spec.terminal)}, not a bool")
 
 
-def _check_spec(spec: ToolSpec) -> None:
-    if not spec.name:
-        raise ConfigError("tool with empty name")
-    where = f'tool "{spec.name}"'
+def _check_values(spec: ToolSpec, where: str) -> None:
+    """Refuse a side effect the runtime does not know and a timeout no wait can keep."""
     if spec.side_effect not in _SIDE_EFFECTS:
         raise ConfigError(f'{where}: invalid side effect "{spec.side_effect}"')
     if spec.timeout <= timedelta(0):
         raise ConfigError(f"{where}: timeout is required")
+
+
+def _check_spec(spec: ToolSpec) -> None:
+    if not spec.name:
+        raise ConfigError("tool with empty name")
+    where = f'tool "{spec.name}"'
+    _check_values(spec, where)
     try:
         compile_schema(spec.input_schema)
     except ValueError as exc:
@@ -375,7 +399,10 @@ def register_tools(tools: object) -> dict[str, RegisteredTool]:
     for i, tool in enumerate(tools):
         check_method(f"tools[{i}]", tool, ("spec", "call"), _TOOL,
                      "wrap a function in FuncTool")
-        spec = tool.spec()
+        try:
+            spec = tool.spec()
+        except Exception as exc:  # noqa: BLE001 - consumer code; said in one sentence
+            raise ConfigError(raised_text(f"tools[{i}].spec()", exc)) from exc
         if not isinstance(spec, ToolSpec):
             raise ConfigError(f"tools[{i}].spec() returned {described(spec)}, not a ToolSpec")
         check_spec_types(spec)
@@ -383,6 +410,9 @@ def register_tools(tools: object) -> dict[str, RegisteredTool]:
             raise ConfigError(f'duplicate tool "{spec.name}"')
         _check_spec(spec)
         registered = RegisteredTool(tool, spec.name)
-        registered.current()
+        try:
+            registered.current()  # read again: a spec that changes at once is refused now
+        except ValueError as exc:
+            raise ConfigError(f'tool "{spec.name}": {exc}') from exc
         out[spec.name] = registered
     return {name: out[name] for name in sorted(out, key=lambda n: n.encode("utf-8"))}

@@ -3,8 +3,10 @@
 Python cannot interrupt a thread, so a call runs on a worker thread and the
 loop stops *waiting* for it at the deadline. The abandoned call keeps running
 until it returns (its cancel token is set, asking it to stop); its outcome is
-discarded. A session keeps one worker for its tools, so an ordinary tool call
-costs a hand-off, not a thread start.
+discarded. The same holds when the caller stops first (a cancel, or its
+deadline): a call that ignores its token is not waited for past that. A
+session keeps one worker for its tools, so an ordinary tool call costs a
+hand-off, not a thread start.
 """
 
 from __future__ import annotations
@@ -12,10 +14,17 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
+from agentrt.driver.cancel import CancelToken
+
 __all__ = ["Outcome", "Worker", "call_in_thread"]
+
+#: How often a wait looks at its caller's token: a call that ignores its own
+#: token is abandoned at most this long after its caller stops.
+_SLICE = 0.05
 
 
 class Outcome:
@@ -40,6 +49,24 @@ class Outcome:
         """True once finished; False when ``timeout`` seconds passed first. Only
         one wait may succeed: it takes the finished signal."""
         return self.done.acquire(True, -1 if timeout is None else max(timeout, 0.0))
+
+    def wait_unless(self, timeout: float | None, stop: CancelToken) -> bool:
+        """As :meth:`wait`, and also False once ``stop`` is done (looked at every
+        ``_SLICE`` seconds). A call that finishes within the first slice costs
+        what :meth:`wait` costs: one acquire, no clock reading."""
+        first = _SLICE if timeout is None else min(max(timeout, 0.0), _SLICE)
+        if self.done.acquire(True, first):
+            return True
+        if timeout is not None and timeout <= _SLICE:
+            return False
+        end = None if timeout is None else time.monotonic() + timeout - first
+        while not stop.done:
+            left = _SLICE if end is None else min(end - time.monotonic(), _SLICE)
+            if left <= 0:
+                return False
+            if self.done.acquire(True, left):
+                return True
+        return False
 
 
 def _run(out: Outcome, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
@@ -92,15 +119,17 @@ class Worker:
         self._name = name
         self._thread: _Thread | None = None
 
-    def call(self, fn: Callable[..., Any], timeout: float | None, *args: Any) -> Outcome | None:
-        """``fn(*args)``'s finished outcome, or None when ``timeout`` seconds passed first."""
+    def call(self, fn: Callable[..., Any], timeout: float | None, *args: Any,
+             stop: CancelToken | None = None) -> Outcome | None:
+        """``fn(*args)``'s finished outcome, or None when ``timeout`` seconds passed
+        first, or ``stop`` (the caller's token) was done first."""
         thread = self._thread
         if thread is None or thread.forks != _forks:
             thread = self._thread = _Thread(self._name)
             thread.start()
         out = Outcome(thread.done)
         thread.jobs.put((out, fn, args))
-        if out.wait(timeout):
+        if out.wait(timeout) if stop is None else out.wait_unless(timeout, stop):
             return out
         thread.abandoned = True
         thread.jobs.put(None)
@@ -113,8 +142,11 @@ class Worker:
             thread.jobs.put(None)
 
 
-def call_in_thread(fn: Callable[[], Any], timeout: float | None, name: str) -> Outcome | None:
-    """One call on its own thread; None when ``timeout`` seconds passed first."""
+def call_in_thread(fn: Callable[[], Any], timeout: float | None, name: str,
+                   stop: CancelToken | None = None) -> Outcome | None:
+    """One call on its own thread; None when ``timeout`` seconds passed first, or
+    ``stop`` (the caller's token) was done first."""
     out = Outcome()
     threading.Thread(target=_run, args=(out, fn, ()), name=name, daemon=True).start()
-    return out if out.wait(timeout) else None
+    done = out.wait(timeout) if stop is None else out.wait_unless(timeout, stop)
+    return out if done else None
