@@ -33,9 +33,12 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import math
 import os
 import re
+import time
 from collections.abc import Callable, Collection, Mapping
+from datetime import UTC
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -48,9 +51,9 @@ from agentrt_otel.complaints import (
     gist,
 )
 
-__all__ = ["GRPC_CREDENTIAL_PROVIDERS", "NotOTLPAnswer", "RedirectRefused",
-           "checked_grpc_exporter", "checked_http_session", "grpc_proxy", "loopback",
-           "say_rejected"]
+__all__ = ["GRPC_CREDENTIAL_PROVIDERS", "HTTP_CREDENTIAL_PROVIDERS", "NotOTLPAnswer",
+           "RedirectRefused", "checked_grpc_exporter", "checked_http_session", "grpc_proxy",
+           "loopback", "retry_after", "say_rejected"]
 
 _log = logging.getLogger("agentrt_otel")
 #: Each failed attempt's cause, heard by ExporterComplaints while installed
@@ -58,6 +61,13 @@ _log = logging.getLogger("agentrt_otel")
 _attempts = logging.getLogger(ATTEMPTS_LOGGER)
 _attempts.propagate = False
 _attempts.addHandler(logging.NullHandler())
+
+#: The SDK's variables naming a plugin that makes the gRPC exporter's TLS credentials.
+GRPC_CREDENTIAL_PROVIDERS = ("OTEL_PYTHON_EXPORTER_OTLP_GRPC_TRACES_CREDENTIAL_PROVIDER",
+                             "OTEL_PYTHON_EXPORTER_OTLP_GRPC_CREDENTIAL_PROVIDER")
+#: Likewise, the HTTP exporter's ``requests.Session`` (auth, headers).
+HTTP_CREDENTIAL_PROVIDERS = ("OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER",
+                             "OTEL_PYTHON_EXPORTER_OTLP_HTTP_CREDENTIAL_PROVIDER")
 
 #: Told (spans rejected, the collector's message) for each answer that rejected some.
 OnRejected = Callable[[int, str], None]
@@ -273,23 +283,51 @@ def _no_time_left(timeout: Any) -> bool:
     return any(isinstance(t, (int, float)) and t <= 0 for t in parts)
 
 
+def retry_after(response: Any) -> float | None:
+    """The seconds a refusal's ``Retry-After`` asks to wait (delay-seconds or
+    an HTTP-date, RFC 9110), as the SDK reads it; None without a usable one."""
+    from email.utils import parsedate_to_datetime
+
+    value = (response.headers.get("Retry-After") or "").strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = when.timestamp() - time.time()
+    return max(seconds, 0.0) if math.isfinite(seconds) else None
+
+
 def checked_http_session(on_rejected: OnRejected = say_rejected,
-                         unsent: Collection[str] = ()) -> Any:
+                         unsent: Collection[str] = (), base: Any = None) -> Any:
     """A ``requests.Session`` for the SDK's HTTP exporter whose answers are checked.
+
+    ``base`` is the session to check (a credential provider's, whose auth,
+    headers and own ``request`` are kept); default a new ``requests.Session``.
+    The checks are composed into it, not subclassed: each of its transport
+    adapters is wrapped, and a response hook added.
 
     A refusal's reason is given its status (``HTTP 503 Service Unavailable``):
     the SDK logs the bare reason of a status it retries (``Service
     Unavailable``), and nothing at all for an empty one. Each failed attempt's
     cause is also said on :data:`~agentrt_otel.complaints.ATTEMPTS_LOGGER`,
-    as the SDK says none when it gives up before a retry. A request that met
+    as the SDK says none when it gives up before a retry; a refusal's record
+    carries the wait its ``Retry-After`` asks for (``retry_after``), which the
+    SDK honours only within its timeout. A request that met
     something other than an HTTP/1.1 collector (a gRPC port, a TLS mismatch)
     fails with one sentence saying so (:mod:`agentrt_otel.http_failures`), as
     an exception of the class ``requests`` raised, which the SDK retries alike.
     Headers named in ``unsent`` (lowercase) are taken off every request. The
-    CA file the SDK read from ``OTEL_EXPORTER_OTLP_CERTIFICATE`` is the one
-    used, whatever ``REQUESTS_CA_BUNDLE`` or ``CURL_CA_BUNDLE`` say (requests
-    lets them replace it: every request to a collector with a private CA
-    failed its certificate check where either is set). An
+    CA file the SDK set on the session from ``OTEL_EXPORTER_OTLP_CERTIFICATE``
+    is the one used, whatever ``REQUESTS_CA_BUNDLE`` or ``CURL_CA_BUNDLE`` say
+    (requests lets them replace it: every request to a collector with a
+    private CA failed its certificate check where either is set). An
     attempt asked for after the export's deadline is not sent: it fails as a
     ``requests`` timeout, a retryable failure whose giving-up line names no
     cause, so the previous attempt's cause stays the one said. A collector on
@@ -297,9 +335,12 @@ def checked_http_session(on_rejected: OnRejected = say_rejected,
     names; a failure through a proxy names it.
     """
     import requests
+    from requests.adapters import BaseAdapter
     from requests.utils import select_proxy
 
     from agentrt_otel.http_failures import sentence
+
+    session = requests.Session() if base is None else base
 
     def check(response: Any, *args: object, **kwargs: object) -> None:
         status = response.status_code
@@ -312,32 +353,36 @@ def checked_http_session(on_rejected: OnRejected = say_rejected,
             _partial_success(response, on_rejected)
         if status >= 400:
             response.reason = f"HTTP {status} {response.reason or ''}".rstrip()
-            _attempts.warning("%s", response.reason)
+            _attempts.warning("%s", response.reason,
+                              extra={"retry_after": retry_after(response)})
 
-    class CheckedSession(requests.Session):
-        def merge_environment_settings(self, url: Any, proxies: Any, stream: Any,
-                                       verify: Any, cert: Any) -> Any:
-            settings = super().merge_environment_settings(url, proxies, stream, verify, cert)
-            if verify is None and isinstance(self.verify, str):
-                # The SDK set the session's CA file from OTEL_EXPORTER_OTLP_CERTIFICATE;
-                # requests would let REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE replace it.
-                settings["verify"] = self.verify
-            return settings
+    class Checked(BaseAdapter):
+        """The adapter ``inner``, each request through it checked."""
 
-        def send(self, request: Any, **kwargs: Any) -> Any:
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self._inner = inner
+
+        def send(self, request: Any, stream: bool = False, timeout: Any = None,
+                 verify: Any = True, cert: Any = None, proxies: Any = None) -> Any:
             for name in unsent:
                 request.headers.pop(name, None)
-            if _no_time_left(kwargs.get("timeout")):
+            if _no_time_left(timeout):
                 # The SDK woke from its backoff after its deadline and asks for
                 # an attempt with no time: requests would raise a ValueError
                 # ("Attempted to set connect timeout to 0.0"), which the SDK
                 # logs as the failure's cause in place of the previous answer.
                 raise requests.exceptions.Timeout(NO_TIME_LEFT, request=request)
+            if isinstance(session.verify, str):
+                # The SDK set the session's CA file from OTEL_EXPORTER_OTLP_CERTIFICATE;
+                # requests would let REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE replace it.
+                verify = session.verify
             if loopback(urlsplit(request.url).hostname or ""):
-                kwargs["proxies"] = {}  # a proxy cannot reach this machine's loopback
-            proxy = select_proxy(request.url, kwargs.get("proxies")) or ""
+                proxies = {}  # a proxy cannot reach this machine's loopback
+            proxy = select_proxy(request.url, proxies) or ""
             try:
-                response = super().send(request, **kwargs)
+                response = self._inner.send(request, stream=stream, timeout=timeout,
+                                            verify=verify, cert=cert, proxies=proxies)
             except requests.exceptions.Timeout:
                 raise  # "no answer within the export timeout" says it
             except (requests.exceptions.ConnectionError, requests.exceptions.InvalidSchema) as err:
@@ -354,7 +399,11 @@ def checked_http_session(on_rejected: OnRejected = say_rejected,
                 response.reason = f"{response.reason} ({_through(request.url, proxy)})"
             return response
 
-    session = CheckedSession()
+        def close(self) -> None:
+            self._inner.close()
+
+    for prefix, adapter in list(session.adapters.items()):
+        session.adapters[prefix] = Checked(adapter)
     session.hooks["response"].append(check)
     return session
 
@@ -364,9 +413,6 @@ def checked_http_session(on_rejected: OnRejected = say_rejected,
 _CLOSED_AFTER_HANDSHAKE = re.compile(r"(?:^|: )Socket closed$")
 
 
-#: The SDK's variables naming a plugin that makes the gRPC exporter's TLS credentials.
-GRPC_CREDENTIAL_PROVIDERS = ("OTEL_PYTHON_EXPORTER_OTLP_GRPC_TRACES_CREDENTIAL_PROVIDER",
-                             "OTEL_PYTHON_EXPORTER_OTLP_GRPC_CREDENTIAL_PROVIDER")
 
 
 def _sdk_sends_client_certificate(env: Mapping[str, str] | None = None) -> bool:
@@ -384,6 +430,7 @@ def _sdk_sends_client_certificate(env: Mapping[str, str] | None = None) -> bool:
 
 def checked_grpc_exporter(on_rejected: OnRejected = say_rejected,
                           proxy: tuple[str, str] | None = None,
+                          sends_certificate: bool | None = None,
                           **options: Any) -> SpanExporter:
     """The SDK's gRPC span exporter, built with ``options``, whose answers are checked.
 
@@ -395,7 +442,9 @@ def checked_grpc_exporter(on_rejected: OnRejected = say_rejected,
     variable naming it, as :func:`grpc_proxy` gives them), its password
     hidden. A TLS connection the collector closed once it was made, when no
     client certificate was sent, is said to be what it most likely is: gRPC
-    says only "Socket closed" of a collector that wants one.
+    says only "Socket closed" of a collector that wants one. Whether one is
+    sent is ``sends_certificate``, when the caller built the ``credentials``;
+    else it is guessed from the variables the SDK reads.
     """
     import grpc  # type: ignore[import-untyped]
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
@@ -416,8 +465,9 @@ def checked_grpc_exporter(on_rejected: OnRejected = say_rejected,
         def trailing_metadata(self) -> Any:
             return self._metadata
 
-    wants_certificate = not (options.get("insecure") or options.get("credentials")
-                             or _sdk_sends_client_certificate())
+    if sends_certificate is None:
+        sends_certificate = bool(options.get("credentials")) or _sdk_sends_client_certificate()
+    wants_certificate = not (options.get("insecure") or sends_certificate)
 
     def said(error: Any) -> str:
         details = str(error.details() or "")

@@ -10,7 +10,9 @@ the last one, and :meth:`ExporterComplaints.reason` gives its gist for the
 one line :class:`~agentrt_otel.transport.OTelSink` writes when an outage
 begins, and :meth:`ExporterComplaints.too_large` tells it when the collector
 refused a request for its size, so the sink sends the spans in smaller ones
-instead of waiting for a request that can never be accepted.
+instead of waiting for a request that can never be accepted;
+:meth:`ExporterComplaints.retry_after` tells it how long a throttling
+collector asked it to wait (``Retry-After``).
 """
 
 from __future__ import annotations
@@ -134,9 +136,12 @@ class ExporterComplaints(logging.Handler):
         super().__init__(logging.WARNING)
         self._endpoint = endpoint
         self._last = ""
+        self._retry_after = 0.0
         self._set_aside: list[tuple[logging.Logger, logging.Filter]] = []
 
     def emit(self, record: logging.LogRecord) -> None:
+        if "retry_after" in record.__dict__:  # a refusal's answer (agentrt_otel.answers)
+            self._retry_after = record.__dict__["retry_after"] or 0.0
         try:
             message = record.getMessage()
         except Exception:  # noqa: BLE001 - a bad log call must not stop the export
@@ -156,10 +161,15 @@ class ExporterComplaints(logging.Handler):
         """Whether the last complaint says the collector refused a request for its size."""
         return says_too_large(self._last)
 
+    def retry_after(self) -> float:
+        """The seconds the last refusal's ``Retry-After`` asked to wait, 0 if none."""
+        return self._retry_after
+
     def clear(self) -> None:
         """Forget the last complaint: called before an attempt, so what follows
         explains that attempt alone."""
         self._last = ""
+        self._retry_after = 0.0
 
     def install(self) -> ExporterComplaints:
         """Take over the SDK exporter loggers' output (for a command's lifetime),

@@ -46,10 +46,15 @@ anything is sent, instead of an export retried for ever:
   ASCII and Latin-1 letters, spaces and tabs, on one line. gRPC metadata is
   narrower: names of ``a-z 0-9 - _ .`` (not ``-bin``, which carries bytes)
   and values of printable ASCII.
-- TLS certificate files are left to the SDK, which reads their standard
-  variables; but over gRPC a client certificate is read here, each file from
-  its traces-specific variable, then the generic one, as the SDK's HTTP
-  exporter reads them (see :func:`_grpc_client_credentials`).
+- TLS certificate files are left to the SDK's HTTP exporter, which reads
+  their standard variables; over gRPC they are read here, each file from its
+  traces-specific variable, then the generic one, as the SDK's HTTP exporter
+  reads them (see :func:`_grpc_credentials`).
+- A credential provider plugin (``OTEL_PYTHON_EXPORTER_OTLP_{HTTP,GRPC}_
+  [TRACES_]CREDENTIAL_PROVIDER``, the traces-specific variable first) is
+  loaded here, as the SDK would load it, and refused in one sentence when it
+  is not installed, fails, or makes the wrong type (see
+  :func:`_credential_plugin`); an HTTP one's session is the one sent through.
 - The proxy, over gRPC, is the one the reference's grpc-go takes from the
   environment (``agentrt_otel.answers.grpc_proxy``), handed to the channel
   alone.
@@ -667,21 +672,21 @@ def resolve_config(
 ) -> OTelConfig:
     """Resolve every setting once; arguments beat variables (None = not given).
 
-    The OTLP settings (protocol, endpoint, headers, compression) are resolved
-    and checked only for the ``otlp`` exporter, which is the one that uses them.
+    The OTLP settings (protocol, endpoint, headers, compression, insecure,
+    timeout, TLS files) are resolved and checked only for the ``otlp``
+    exporter, which is the one that uses them.
     Raises :class:`ConfigError` with one sentence naming the value, where it
     came from (an argument is named by its flag: ``--endpoint``, ``--header``)
     and the fix.
     """
     env = os.environ if environ is None else environ
     kind = _exporter(exporter, env)
-    secure_arg = _insecure(insecure, env)
-    wait = _timeout(timeout, env)
     warnings: list[str] = []
     attrs = resource_attributes(env, warnings)
-    if kind != "otlp":
-        return OTelConfig(exporter=kind, insecure=secure_arg is not False, timeout=wait,
-                          resource_attributes=attrs, warnings=tuple(warnings))
+    if kind != "otlp":  # nothing is sent: the OTLP transport's settings are not read
+        return OTelConfig(exporter=kind, resource_attributes=attrs, warnings=tuple(warnings))
+    secure_arg = _insecure(insecure, env)
+    wait = _timeout(timeout, env)
     proto = _protocol(protocol, env)
     url = _endpoint(endpoint, proto, env, warnings)
     _check_tls_files(env)
@@ -767,6 +772,7 @@ def build_exporter(
         return ConsoleSpanExporter(out=out)
     from agentrt_otel.answers import (
         GRPC_CREDENTIAL_PROVIDERS,
+        HTTP_CREDENTIAL_PROVIDERS,
         checked_grpc_exporter,
         checked_http_session,
         grpc_proxy,
@@ -786,9 +792,12 @@ def build_exporter(
         # as the reference's grpc-go chooses it, and handed to this channel
         # alone (os.environ is left as it is for the rest of the process).
         proxy = grpc_proxy(*_grpc_target(config.endpoint))
+        credentials, sends_certificate = (None, False) if config.insecure else (
+            _grpc_credentials(os.environ, GRPC_CREDENTIAL_PROVIDERS))
         return checked_grpc_exporter(
             told,
             proxy,
+            sends_certificate,
             endpoint=config.endpoint,
             insecure=config.insecure,
             headers=dict(config.headers) or None,
@@ -798,10 +807,9 @@ def build_exporter(
                              config.compression, grpc.Compression.NoCompression),
             channel_options=((("grpc.http_proxy", proxy[0]),) if proxy
                              else (("grpc.enable_http_proxy", 0),)),
-            credentials=(None if config.insecure
-                         or any(os.environ.get(n) for n in GRPC_CREDENTIAL_PROVIDERS)
-                         else _grpc_client_credentials(os.environ)),
+            credentials=credentials,
         )
+    import requests
     from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
         OTLPSpanExporter as HttpExporter,
@@ -812,24 +820,69 @@ def build_exporter(
         headers=dict(config.headers) or None,
         timeout=config.timeout,
         compression=HttpCompression(config.compression),
-        session=checked_http_session(told, unsent=_headers_the_sdk_adds() - set(config.headers)),
+        # A credential provider's session, as the SDK's own exporter takes it.
+        session=checked_http_session(
+            told, unsent=_headers_the_sdk_adds() - set(config.headers),
+            base=_credential_plugin(os.environ, HTTP_CREDENTIAL_PROVIDERS, requests.Session)),
     )
 
 
-def _grpc_client_credentials(env: Mapping[str, str]) -> Any:
-    """TLS credentials with the client certificate the variables name, each
-    file read as every setting is, the traces-specific variable first, then
-    the generic one (as the SDK's HTTP exporter reads them); None, for the
-    SDK to read them itself, when no client certificate is named.
+def _credential_plugin(env: Mapping[str, str], names: tuple[str, ...], kind: type) -> Any:
+    """What the credential provider plugin the first of ``names`` that is set
+    names makes (an ``opentelemetry_otlp_credential_provider`` entry point,
+    called with no argument), checked to be a ``kind``; None when none is set.
 
-    The SDK's gRPC exporter reads a client certificate only beside a CA file
-    of its own kind: it sent none for ``OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE``
-    alone (a collector whose certificate this host trusts already) or beside
+    The SDK loads it the same way, but a plugin that is not installed, fails,
+    or makes something else reached the user as a traceback: here it is a
+    :class:`ConfigError`, before anything is sent."""
+    from importlib.metadata import entry_points
+
+    found = _first(env, *names)
+    if found is None:
+        return None
+    name, value = found
+    wanted = f"{kind.__module__.partition('.')[0]}.{kind.__name__}"
+    plugins = entry_points(group="opentelemetry_otlp_credential_provider", name=value)
+    if not plugins:
+        raise ConfigError(f"otel: {name} {_shown(value)} names no installed credential provider "
+                          "(an opentelemetry_otlp_credential_provider entry point making a "
+                          f"{wanted}): install it, or unset {name}")
+    try:
+        made = next(iter(plugins)).load()()
+    except Exception as err:  # noqa: BLE001 - a plugin's failure, said in one sentence
+        raise ConfigError(f"otel: the credential provider {_shown(value)} named by {name} "
+                          f"failed ({type(err).__name__}: {_shown(str(err))}): fix it, or unset "
+                          f"{name}") from None
+    if not isinstance(made, kind):
+        # Its type alone: a plugin returning a token string by mistake must not print it.
+        raise ConfigError(f"otel: the credential provider {_shown(value)} named by {name} made "
+                          f"a {type(made).__name__}, not a {wanted}: name one for this protocol, "
+                          f"or unset {name}")
+    return made
+
+
+def _grpc_credentials(env: Mapping[str, str], providers: tuple[str, ...]) -> tuple[Any, bool]:
+    """TLS credentials for the gRPC exporter, and whether they send a client
+    certificate; (None, False) for the SDK's default (the system's CAs).
+
+    A credential provider plugin's, if one is named (see
+    :func:`_credential_plugin`); else those the certificate files make, each
+    file read as every setting is, the traces-specific variable first, then
+    the generic one (as the SDK's HTTP exporter reads them).
+
+    The SDK's gRPC exporter read them otherwise: a client certificate only
+    beside a CA file of its own kind (it sent none for
+    ``OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE`` alone, or beside
     ``OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE``, and the collector closed every
-    connection. A certificate file without a key variable holds its key too,
-    as it may over HTTP.
+    connection), and ``OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE`` set to "" as
+    set, so that ``OTEL_EXPORTER_OTLP_CERTIFICATE`` was ignored. A
+    certificate file without a key variable holds its key too, as it may over HTTP.
     """
     import grpc
+
+    plugin = _credential_plugin(env, providers, grpc.ChannelCredentials)
+    if plugin is not None:
+        return plugin, True
 
     def read(kind: str) -> bytes | None:
         found = _first(env, f"OTEL_EXPORTER_OTLP_TRACES_{kind}", f"OTEL_EXPORTER_OTLP_{kind}")
@@ -842,10 +895,10 @@ def _grpc_client_credentials(env: Mapping[str, str]) -> Any:
             raise ConfigError(f"otel: {found[0]} {_shown(found[1])} cannot be read "
                               f"({err.strerror}): name the PEM file, or unset it") from None
 
-    chain = read("CLIENT_CERTIFICATE")
-    if chain is None:
-        return None
-    return grpc.ssl_channel_credentials(read("CERTIFICATE"), read("CLIENT_KEY") or chain, chain)
+    ca, chain = read("CERTIFICATE"), read("CLIENT_CERTIFICATE")
+    if chain is not None:
+        return grpc.ssl_channel_credentials(ca, read("CLIENT_KEY") or chain, chain), True
+    return (None if ca is None else grpc.ssl_channel_credentials(ca)), False
 
 
 def _grpc_target(endpoint: str) -> tuple[str, str]:

@@ -41,7 +41,10 @@ cursor.
 
 The SDK exporters retry a transient failure themselves within their timeout
 (``OTEL_EXPORTER_OTLP_TIMEOUT``, honouring ``Retry-After``); this loop
-handles the outages longer than that.
+handles the outages longer than that. It honours a ``Retry-After`` too (told
+by ``complaints.retry_after()``, when they have it): it waits the longer of
+its backoff and the collector's ask, at most :data:`MAX_RETRY_AFTER`, a stop
+still cutting the wait short.
 
 An exporter that writes to a local stream (the console exporter, on stdout)
 has no collector to wait for: an ``OSError`` it raises (a reader that went
@@ -85,13 +88,18 @@ _log = logging.getLogger("agentrt_otel")
 #: the SDK's whole timeout (up to a day), past a service manager's patience.
 #: (The test suite shortens it with the private AGENTRT_STOP_GRACE_S.)
 STOP_GRACE = stop_grace_seconds(5.0)
+#: The longest wait a collector's ``Retry-After`` is honoured for: one asking
+#: for more (a day, a date next year) is retried after an hour all the same.
+MAX_RETRY_AFTER = 3600.0
 #: How often a running attempt looks at the stop event.
 _STOP_POLL = 0.05
 
 
 class Complaints(Protocol):
     """What the exporter said about an attempt that failed
-    (:class:`agentrt_otel.complaints.ExporterComplaints`)."""
+    (:class:`agentrt_otel.complaints.ExporterComplaints`). One that also has
+    ``retry_after()`` (seconds a throttling collector asked to wait, 0 for
+    none) has that wait honoured."""
 
     def clear(self) -> None:
         """Forget what was said before the next attempt."""
@@ -393,11 +401,17 @@ class OTelSink:
                 self._outage_began = time.monotonic()
                 _log.warning("otel: exporting %d spans failed (%s); retrying with backoff, "
                              "the cursor stays before this page", len(batch), why)
-            delay = self._backoff.delay(self._failures)
+            delay = max(self._backoff.delay(self._failures), self._retry_after())
             self._failures += 1
             if self._stop.is_set() or self._closed or self._stop.wait(delay):
                 attempts = f"{self._failures} attempt{'s' if self._failures != 1 else ''}"
                 raise ExportStopped(f"{self.pending} spans were not accepted after {attempts}")
+
+    def _retry_after(self) -> float:
+        """The wait a throttling collector asked for (``Retry-After``), as OTLP
+        says to honour it, at most :data:`MAX_RETRY_AFTER`; 0 if none."""
+        asked = getattr(self._complaints, "retry_after", None)
+        return min(float(asked() or 0.0), MAX_RETRY_AFTER) if callable(asked) else 0.0
 
     def close(self) -> None:
         """Stop and shut the exporter down; safe to call twice, from any thread."""
