@@ -23,8 +23,14 @@ from agentrt.clitools import silence_stdout
 from agentrt.driver import DefaultPolicy, Driver, FuncTool, ToolCall, ToolResult, approve
 from agentrt.errors import AgentrtError
 from agentrt.records import Decision, Limits, Run
-from agentrt.store import Store, open_existing, open_store
-from agentrt.store.opening import sqlite_failure
+from agentrt.store import Store, open_store
+from agentrt.store.opening import (
+    _RUNTIME_TABLES,
+    connect,
+    refuse_unsafe_schema,
+    sqlite_failure,
+    sqlite_uri,
+)
 from agentrt.testing import ScriptedAgent
 
 __all__ = ["DEMO_SCRIPT", "demo_tools", "main", "run_demo"]
@@ -75,18 +81,38 @@ DEMO_SCRIPT = [
 _GOAL = "deploy the service to staging"
 
 
+def _is_demos(path: str) -> bool:
+    """Whether ``path`` holds nothing but what a demo writes: no table but the
+    runtime's (as any schema version made them; none, for a demo that stopped
+    part-way), and no run but the demo's. Read raw, so that a demo database an
+    older agentrt made is still recognised."""
+    try:
+        conn = connect(sqlite_uri(path, {"mode": "ro"}), write=False)
+    except apsw.Error:
+        return False
+    with contextlib.closing(conn):
+        try:
+            refuse_unsafe_schema(conn, path)
+            tables = {str(r[0]) for r in conn.execute(
+                "SELECT name FROM sqlite_schema WHERE type = 'table' "
+                "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\'")}
+            if not tables:
+                return True
+            row = conn.execute("SELECT count(*), count(*) FILTER (WHERE goal IS NOT ?) "
+                               "FROM runs", (_GOAL,)).fetchone()
+        except (AgentrtError, apsw.Error):
+            return False
+    known = {*_RUNTIME_TABLES, "schema_migrations"}
+    return row is not None and row[1] == 0 and tables <= known
+
+
 def _remove(path: str) -> None:
     """Remove an earlier demo's database at ``path``; refuse any other file there
     (the path is the caller's choice: it may name their own database or notes)."""
-    if os.path.lexists(path) and not (os.path.isfile(path) and os.path.getsize(path) == 0):
-        try:
-            with contextlib.closing(open_existing(path, read_only=True)) as old:
-                mine = all(r.goal == _GOAL for r in old.list_runs())
-        except (AgentrtError, apsw.Error):
-            mine = False
-        if not mine:
-            raise AgentrtError(f"{path} exists and is not an earlier demo's database; "
-                               "name a new file (the demo replaces only its own)")
+    if (os.path.lexists(path) and not (os.path.isfile(path) and os.path.getsize(path) == 0)
+            and not _is_demos(path)):
+        raise AgentrtError(f"{path} exists and is not an earlier demo's database; "
+                           "name a new file (the demo replaces only its own)")
     for suffix in ("", "-wal", "-shm"):
         with contextlib.suppress(FileNotFoundError):
             os.remove(path + suffix)

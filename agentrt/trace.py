@@ -745,16 +745,14 @@ def check_stream(stream: Any, made_by: str, error: type[Exception] | None = None
     if getattr(stream, "closed", False) is True:
         raise (error or ValueError)(f"{made_by} was given a closed stream "
                                     f"({described(stream)}): pass one that is open for writing")
-    writable = getattr(stream, "writable", None)
-    if callable(writable):
-        try:
-            can_write = writable()
-        except (OSError, ValueError):
-            can_write = True  # the first write then says what is wrong
-        if can_write is False:
-            raise (error or ValueError)(
-                f"{made_by} was given a stream opened for reading only ({described(stream)}): "
-                "open it for writing, such as open(path, 'ab')")
+    # A file opened for reading says so in its mode ('r', 'rb'); writable() is
+    # no test: io.IOBase's default is False, and a consumer's write-only
+    # subclass (a stream to logging) inherits it while write() works.
+    mode = getattr(stream, "mode", None)
+    if isinstance(mode, str) and mode and not set(mode) & set("wax+"):
+        raise (error or ValueError)(
+            f"{made_by} was given a stream opened for reading only ({described(stream)}): "
+            "open it for writing, such as open(path, 'ab')")
 
 
 def _observer(

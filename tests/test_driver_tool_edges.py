@@ -303,3 +303,25 @@ def test_an_async_policy_id_is_refused_in_one_sentence():
 
     with pytest.raises(ConfigError, match=r"policy\.policy_id is an async function"):
         make(policy=Async())
+
+
+def test_a_tool_that_honours_its_token_is_waited_for_while_it_winds_down():
+    """A caller's cancel asks the tool to stop; one that does, and needs a moment
+    to roll back, is waited for (up to half a second) and its outcome recorded."""
+    rolled_back: list[bool] = []
+
+    def deploy(c):
+        c.cancel.wait(30)  # honours its token at once...
+        time.sleep(0.2)  # ...and takes a moment to roll its half-done change back
+        rolled_back.append(True)
+        return ToolResult(b'{"rolled_back":true}', "rolled back")
+
+    token = CancelToken()
+    d, store, _, _ = make(script=[call("deploy"), Decision.complete()],
+                          tools=[FuncTool("deploy", deploy, side_effect="local_mutation",
+                                          timeout=60)])
+    threading.Timer(0.1, token.cancel, ("ctrl-c",)).start()
+    with pytest.raises(CancelledError):
+        d.start("g", limits(), run_id="r", cancel=token)
+    assert rolled_back == [True]
+    assert store.list_steps("r")[0].observation.kind == "tool_result"

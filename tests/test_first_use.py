@@ -4,16 +4,20 @@ and the Makefile on a machine whose Python is too old."""
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import apsw
 import pytest
 from eventdb import REPO_ROOT, child_env
 
 from agentrt import trace
+from agentrt.events import Event
+from agentrt.store import open_store
 
 
 def _demo(path: str, **kw) -> subprocess.CompletedProcess[str]:
@@ -96,3 +100,40 @@ def test_make_refuses_a_python_older_than_3_11_in_one_sentence_and_makes_no_venv
         "make: agentrt needs Python 3.11 or newer; found: Python 3.10.13. Install python3.11, "
         "or pass PYTHON=/path/to/python3.11")
     assert not (work / ".venv").exists()
+
+
+def test_the_demo_does_not_delete_a_database_with_tables_of_its_own_and_no_run(tmp_path):
+    path = str(tmp_path / "app.db")
+    with open_store(path) as store, store.db() as conn:
+        conn.execute("CREATE TABLE invoices(id INTEGER PRIMARY KEY, amount INTEGER)")
+    before = Path(path).read_bytes()
+    assert _demo(path).returncode == 1
+    assert Path(path).read_bytes() == before
+
+
+def test_the_demo_replaces_its_own_database_an_older_agentrt_made(tmp_path):
+    path = str(tmp_path / "demo.db")
+    assert _demo(path).returncode == 0
+    conn = apsw.Connection(path)  # as an agentrt one migration older left it
+    conn.execute("DELETE FROM schema_migrations WHERE version = "
+                 "(SELECT MAX(version) FROM schema_migrations)")
+    conn.close()
+    done = _demo(path)
+    assert done.returncode == 0, done.stderr
+
+
+class _ToLogging(io.TextIOBase):
+    """The usual stream-to-logging adapter: write() only, writable() inherited (False)."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def write(self, s: str) -> int:
+        self.text += s
+        return len(s)
+
+
+def test_a_trace_observer_takes_a_write_only_stream_class() -> None:
+    sink = _ToLogging()
+    trace.writer(sink)(Event(7, "r", "", "2026-09-25T14:03:04Z", "step.decided", b"{}"))
+    assert "step.decided" in sink.text

@@ -170,3 +170,19 @@ def test_the_callers_deadline_stops_the_wait_on_a_model_that_ignores_its_token()
     failed = [e.payload for e in store.list_events("r") if e.type == "model.failed"]
     assert len(failed) == 1 and b'"status":"ambiguous"' in failed[0]
     assert b"abandoned when its caller stopped (deadline exceeded)" in failed[0]
+
+
+def _refused_after_a_reset(cancel: Any) -> None:
+    """A stale keep-alive socket resets; the adapter reconnects and the provider
+    answers 401: a definite refusal, raised while handling the reset."""
+    try:
+        raise ConnectionResetError(104, "Connection reset by peer")
+    except ConnectionResetError:
+        raise RuntimeError("401 Unauthorized: invalid API key")  # noqa: B904 - the point
+
+
+def test_an_error_raised_while_handling_a_reset_is_an_error_not_ambiguous() -> None:
+    model = _FirstAttemptsFail(_refused_after_a_reset)
+    run, events = _run(model)
+    assert b'"status":"error"' in events[1][1]
+    assert run.status == RunStatus.FAILED and model.calls == 1

@@ -272,7 +272,9 @@ def _connection_lost(exc: BaseException) -> bool:
             return False
         if isinstance(e, _CONNECTION_LOST):
             return True
-        todo += [e.__cause__, e.__context__, *e.args]
+        todo += [e.__cause__, *e.args]
+        if not e.__suppress_context__ and e.__cause__ is None and not e.args:
+            todo.append(e.__context__)  # a bare re-raise of what it was handling
     return False
 
 

@@ -25,6 +25,10 @@ __all__ = ["Outcome", "Worker", "call_in_thread"]
 #: How often a wait looks at its caller's token: a call that ignores its own
 #: token is abandoned at most this long after its caller stops.
 _SLICE = 0.05
+#: How long a call whose caller stopped is still waited for: its token was
+#: cancelled with the caller's, and a call that honours it winds down (rolls
+#: back, reports what it did) in this time; one that ignores it is abandoned.
+_STOP_GRACE = 0.5
 
 
 class Outcome:
@@ -66,7 +70,8 @@ class Outcome:
                 return False
             if self.done.acquire(True, left):
                 return True
-        return False
+        grace = _STOP_GRACE if end is None else min(_STOP_GRACE, end - time.monotonic())
+        return self.done.acquire(True, max(grace, 0.0))
 
 
 def _run(out: Outcome, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
