@@ -260,7 +260,7 @@ def _follow(
             if clean_stop is not None and isinstance(exc, clean_stop):
                 # A full output gave up the page after its whole records, which
                 # the cursor passed; any other stop gave up the whole page.
-                rest = (_resumes(cursor) if isinstance(exc, OutputStopped)
+                rest = (_resumes(cursor, settings.run) if isinstance(exc, OutputStopped)
                         else "the page is sent again on restart")
                 click.echo(sanitize(f"stopped: {exc}; {rest}"), err=True)
                 return
@@ -270,7 +270,7 @@ def _follow(
                            ) from None
         except OSError as exc:
             raise _failure(f"writing events to standard output: {exc.strerror or exc}; "
-                           f"{_resumes(cursor)}") from None
+                           f"{_resumes(cursor, settings.run)}") from None
 
 
 #: Set when standard output is a pipe whose reader went away while following.
@@ -317,7 +317,7 @@ def _swapped(path: str, opened: tuple[int, int] | None) -> str:
     return ""
 
 
-def _resumes(cursor: Cursor | None) -> str:
+def _resumes(cursor: Cursor | None, run: str | None = None) -> str:
     """Where the next start resumes, after output failed part way."""
     if not isinstance(cursor, FileCursor):
         return "no cursor file was given, so nothing was saved"
@@ -326,8 +326,9 @@ def _resumes(cursor: Cursor | None) -> str:
     except Exception:  # the sentence is about the output; the cursor speaks for itself later
         return f"the cursor is in {cursor.path}"
     if not seq and not os.path.exists(cursor.path):
-        return (f"no position was saved yet in {cursor.path}, so the next start writes every "
-                "event again")
+        events = "every event" if run is None else f"every event of run {run}"
+        return (f"no position was saved yet in {cursor.path}, so the next start writes "
+                f"{events} again")
     return (f"{cursor.path} holds seq {seq}: the next start writes the events after it, "
             "completing a record cut short in a file it appends to")
 

@@ -436,7 +436,7 @@ def _is_async(sink: object) -> bool:
 def _refuse_awaitable(result: object, sink: object) -> None:
     """Refuse what a sink returned that still has to run (a coroutine of an
     async client called from a plain function): the event was not handled."""
-    if inspect.isawaitable(result):
+    if result is not None and inspect.isawaitable(result):  # None: the usual sink, fast
         close = getattr(result, "close", None)
         if callable(close):
             close()  # no "never awaited" warning on top of the sentence

@@ -74,8 +74,7 @@ class JSONLSink:
         record = jsonl_record(event)
         if not self._mended:
             record, _ = self._mend(record)
-        self._write(record)
-        self._tell_mend()
+        self._write(record)  # buffered: the mend is told once flush() pushed it
 
     def _mend(self, data: bytes) -> tuple[bytes, int]:
         """What to write instead of ``data`` so that the file it goes to holds
@@ -126,6 +125,8 @@ class JSONLSink:
                 if arrived < 0:
                     break
                 accepted += 1
+            if self._out.arrived:
+                self._tell_mend()  # the mend reached the file: say so, cut short or not
             if accepted:
                 raise PartialPage(accepted, exc) from exc
             raise
@@ -135,6 +136,7 @@ class JSONLSink:
     def flush(self) -> None:
         """Push written records to their destination; raise on failure."""
         self._out.flush()
+        self._tell_mend()
 
     def err(self) -> Exception | None:
         """The first write or flush failure, or None."""

@@ -304,6 +304,12 @@ def retry_after(response: Any) -> float | None:
     return max(seconds, 0.0) if math.isfinite(seconds) else None
 
 
+class _CheckedAdapter:
+    """Marks the adapters :func:`checked_http_session` wrapped."""
+
+    _inner: Any
+
+
 def checked_http_session(on_rejected: OnRejected = say_rejected,
                          unsent: Collection[str] = (), base: Any = None) -> Any:
     """A ``requests.Session`` for the SDK's HTTP exporter whose answers are checked.
@@ -356,7 +362,7 @@ def checked_http_session(on_rejected: OnRejected = say_rejected,
             _attempts.warning("%s", response.reason,
                               extra={"retry_after": retry_after(response)})
 
-    class Checked(BaseAdapter):
+    class Checked(_CheckedAdapter, BaseAdapter):
         """The adapter ``inner``, each request through it checked."""
 
         def __init__(self, inner: Any) -> None:
@@ -402,8 +408,14 @@ def checked_http_session(on_rejected: OnRejected = say_rejected,
         def close(self) -> None:
             self._inner.close()
 
+    # A provider may hand out one shared session: check it once, not once per build.
     for prefix, adapter in list(session.adapters.items()):
+        while isinstance(adapter, _CheckedAdapter):
+            adapter = adapter._inner
         session.adapters[prefix] = Checked(adapter)
+    session.hooks["response"] = [h for h in session.hooks["response"]
+                                 if not getattr(h, "_agentrt_check", False)]
+    check._agentrt_check = True  # type: ignore[attr-defined]
     session.hooks["response"].append(check)
     return session
 

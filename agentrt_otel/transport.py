@@ -397,11 +397,15 @@ class OTelSink:
                 continue
             if self._split_if_too_large(batch, why):
                 continue
+            backoff, asked = self._backoff.delay(self._failures), self._retry_after()
+            delay = max(backoff, asked)
             if not self._failures:
                 self._outage_began = time.monotonic()
                 _log.warning("otel: exporting %d spans failed (%s); retrying with backoff, "
                              "the cursor stays before this page", len(batch), why)
-            delay = max(self._backoff.delay(self._failures), self._retry_after())
+            if asked > backoff:
+                _log.warning("otel: the collector asked to wait %g s before the next attempt "
+                             "(Retry-After); waiting", asked)
             self._failures += 1
             if self._stop.is_set() or self._closed or self._stop.wait(delay):
                 attempts = f"{self._failures} attempt{'s' if self._failures != 1 else ''}"

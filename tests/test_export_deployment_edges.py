@@ -17,7 +17,9 @@ import apsw
 import pytest
 from eventdb import REPO_ROOT, child_env, make_db
 
+from agentrt.events import Event
 from agentrt.store import open_existing
+from agentrt.trace import jsonl_record
 from agentrt_export import FileCursor, Follower, FollowError, JSONLSink, MemoryCursor
 
 EXPORT = [sys.executable, "-m", "agentrt_export.cli"]
@@ -195,3 +197,72 @@ def test_an_output_that_fails_before_any_save_says_no_position_was_saved(tmp_pat
     assert f"no position was saved yet in {cursor}, so the next start writes every event " \
            "again" in done.stderr.decode()
     assert not cursor.exists()
+
+
+_AT = "2026-09-25T14:03:04.5Z"
+
+
+def _events(n: int) -> list[Event]:
+    return [Event(i, "run-1", "", _AT, "run.created", b'{"goal":"a"}') for i in range(1, n + 1)]
+
+
+def test_an_event_sink_tells_a_mend_only_after_the_mended_record_is_flushed(tmp_path):
+    """Per event (``sink(e)`` then ``flush()``) the record is buffered: a note told
+    before the flush would land inside it on a stderr that shares the file."""
+    events = _events(2)
+    whole = b"".join(jsonl_record(e) for e in events)
+    path = tmp_path / "out.jsonl"
+    path.write_bytes(whole[:10])
+    err = os.open(path, os.O_WRONLY | os.O_APPEND)  # stderr inherited onto the same file
+    try:
+        with open(path, "ab") as out:
+            sink = JSONLSink(out, on_mend=lambda s: os.write(err, f"note: {s}\n".encode()))
+            for e in events:
+                sink(e)
+            sink.flush()
+    finally:
+        os.close(err)
+    lines = path.read_bytes().splitlines(keepends=True)
+    assert lines[:2] == [jsonl_record(e) for e in events]
+    assert lines[2].startswith(b"note: ")
+
+
+_CUT_SHORT = """
+import resource, signal, sys
+from agentrt.events import Event
+from agentrt.trace import jsonl_record
+from agentrt_export import JSONLSink
+from agentrt_export.follower import PartialPage
+events = [Event(i, "run-1", "", "2026-09-25T14:03:04.5Z", "run.created", b'{"goal":"a"}')
+          for i in range(1, 6)]
+path = sys.argv[1]
+with open(path, "wb") as f:
+    f.write(jsonl_record(events[0])[:10])  # the first record torn by an earlier write
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+limit = len(jsonl_record(events[0])) * 2 + 5  # room for 2 records, not 5
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+notes = []
+with open(path, "ab") as out:
+    try:
+        JSONLSink(out, on_mend=notes.append).handle_page(events)
+    except PartialPage as cut:
+        print(cut.accepted, len(notes))
+"""
+
+
+def test_a_page_cut_short_after_its_mend_still_tells_the_mend(tmp_path):
+    done = subprocess.run([sys.executable, "-c", _CUT_SHORT, str(tmp_path / "out.jsonl")],
+                          capture_output=True, text=True, env=child_env(), timeout=60)
+    assert done.stdout.split() == ["2", "1"], done.stderr[-500:]
+
+
+def test_an_output_that_fails_before_any_save_of_one_run_says_which_events_go_again(tmp_path):
+    db = _db(tmp_path)
+    with open_existing(db) as store:
+        run = store.list_events_after("", 0, 1)[0].run_id
+    cursor = tmp_path / "c"
+    with open("/dev/full", "wb") as full:
+        done = _export("--db", db, "--cursor-file", str(cursor), "--run", run, stdout=full,
+                       stderr=subprocess.PIPE, capture_output=False)
+    assert done.returncode == 1
+    assert f"writes every event of run {run} again" in done.stderr.decode()

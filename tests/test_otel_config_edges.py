@@ -11,10 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
+import requests.adapters
 from otlp_receivers import TLS_CA, GrpcReceiver, HttpReceiver
 from test_otel_cli import RETRIED_ONCE, expected_keys, received_keys, run_otel, scenario_db
 
 from agentrt_otel import Backoff, ExportStopped, OTelSink, resolve_config
+from agentrt_otel.answers import checked_http_session
 from agentrt_otel.testing import EventStream, scenario_completed
 
 #: A package installed on PYTHONPATH whose entry points in the SDK's
@@ -263,3 +266,37 @@ def test_a_retry_after_is_waited_on_the_stop_event_at_most_an_hour(asked, waited
     with pytest.raises(ExportStopped):
         sink.handle_page(stream.events)
     assert stop.waits == [waited]
+
+
+def test_a_long_retry_after_is_said_when_the_sink_waits_it_out(caplog):
+    caplog.set_level("WARNING", "agentrt_otel")
+    sink = OTelSink(_Failing(), stop=_Recorded(), complaints=_Throttled(3600.0),  # type: ignore[arg-type]
+                    backoff=Backoff(initial=0.5, maximum=1.0))
+    stream = EventStream()
+    scenario_completed(stream)
+    with pytest.raises(ExportStopped):
+        sink.handle_page(stream.events)
+    assert "otel: the collector asked to wait 3600 s before the next attempt (Retry-After); " \
+           "waiting" in [r.getMessage() for r in caplog.records]
+
+
+class _Refusing(requests.adapters.BaseAdapter):
+    def send(self, request, **kw):  # type: ignore[no-untyped-def]
+        answer = requests.Response()
+        answer.status_code, answer.reason = 503, "Service Unavailable"
+        answer.url, answer.request = request.url, request
+        return answer
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_provider_session_shared_by_two_exporters_is_checked_once():
+    """A plugin that hands out one module-level session (to share a token
+    refresher) must not get a second layer of checks per exporter built."""
+    shared = requests.Session()
+    shared.mount("http://", _Refusing())
+    checked_http_session(base=shared)
+    session = checked_http_session(base=shared)
+    answer = session.post("http://127.0.0.1:4318/v1/traces", data=b"", timeout=1)
+    assert answer.reason == "HTTP 503 Service Unavailable"
