@@ -425,8 +425,6 @@ def checked_http_session(on_rejected: OnRejected = say_rejected,
 _CLOSED_AFTER_HANDSHAKE = re.compile(r"(?:^|: )Socket closed$")
 
 
-
-
 def _sdk_sends_client_certificate(env: Mapping[str, str] | None = None) -> bool:
     """Whether the SDK's gRPC span exporter, given no credentials, may send a
     client certificate: a credential plugin may; else it reads the
