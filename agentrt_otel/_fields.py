@@ -42,9 +42,10 @@ def event_time_ns(t: datetime | None) -> int:
     ns = (t - _EPOCH) // _MICROSECOND * 1000  # exact, and 5x faster than to_unix_nanos
     return 0 if ns < 0 else MAX_TIME_NS if ns > MAX_TIME_NS else ns
 
-#: The digits past the microsecond of a stored UTC time (the Go reference
-#: writes nanoseconds), which a datetime cannot hold.
-_SUB_MICRO = re.compile(r"\.[0-9]{6}([0-9]{1,3})Z\Z")
+
+#: The digits past the microsecond of a stored time (the Go reference writes
+#: nanoseconds), which a datetime cannot hold; whatever the zone is written as.
+_SUB_MICRO = re.compile(r"\.[0-9]{6}([0-9]{1,3})(?:[Zz]|[+-][0-9]{2}:[0-9]{2})\Z")
 _MICRO_TIME_LEN = len("2006-01-02T15:04:05.000000Z")
 
 

@@ -86,3 +86,14 @@ def test_ids_of_ended_runs_are_not_kept_alive_however_long() -> None:
         tracemalloc.stop()
     assert mapper.open_spans == 0
     assert kept < 5_000_000, f"{kept / 1e6:.0f} MB kept after every run ended"
+
+
+def test_span_times_keep_the_nanoseconds_whatever_the_zone_is_written_as() -> None:
+    def start(at: str) -> int:
+        (run,) = SpanMapper().map_all([
+            _event(1, "run.created", b'{"goal":"g"}', at=at),
+            _event(2, "run.finished", b'{"status":"COMPLETED"}', at="2026-09-25T14:03:05Z")])
+        return run.start_ns
+
+    assert {start("2026-09-25T14:03:04.123456789Z"), start("2026-09-25T14:03:04.123456789z"),
+            start("2026-09-25T16:03:04.123456789+02:00")} == {1790344984123456789}
