@@ -749,7 +749,16 @@ def check_stream(stream: Any, made_by: str, error: type[Exception] | None = None
     # no test: io.IOBase's default is False, and a consumer's write-only
     # subclass (a stream to logging) inherits it while write() works.
     mode = getattr(stream, "mode", None)
-    if isinstance(mode, str) and mode and not set(mode) & set("wax+"):
+    if isinstance(mode, str):
+        reads_only = bool(mode) and not set(mode) & set("wax+")
+    else:  # no mode, or not a string (gzip.GzipFile's is 1 or 2 before Python 3.12):
+        # writable() says, where the class says it itself (not io.IOBase's default)
+        writable = getattr(type(stream), "writable", None)
+        reads_only = False
+        if callable(writable) and writable is not io.IOBase.writable:
+            with contextlib.suppress(OSError, ValueError):  # the first write says it
+                reads_only = stream.writable() is False
+    if reads_only:
         raise (error or ValueError)(
             f"{made_by} was given a stream opened for reading only ({described(stream)}): "
             "open it for writing, such as open(path, 'ab')")

@@ -326,7 +326,12 @@ def _resumes(cursor: Cursor | None, run: str | None = None) -> str:
     except Exception:  # the sentence is about the output; the cursor speaks for itself later
         return f"the cursor is in {cursor.path}"
     if not seq and not os.path.exists(cursor.path):
-        events = "every event" if run is None else f"every event of run {run}"
+        if run is None:
+            events = "every event"
+        else:
+            from agentrt.view.errors import echo  # only when it says so
+
+            events = f"every event of run {echo(run)}"
         return (f"no position was saved yet in {cursor.path}, so the next start writes "
                 f"{events} again")
     return (f"{cursor.path} holds seq {seq}: the next start writes the events after it, "

@@ -311,7 +311,8 @@ class _CheckedAdapter:
 
 
 def checked_http_session(on_rejected: OnRejected = say_rejected,
-                         unsent: Collection[str] = (), base: Any = None) -> Any:
+                         unsent: Collection[str] = (), base: Any = None,
+                         endpoint: str | None = None) -> Any:
     """A ``requests.Session`` for the SDK's HTTP exporter whose answers are checked.
 
     ``base`` is the session to check (a credential provider's, whose auth,
@@ -403,20 +404,19 @@ def checked_http_session(on_rejected: OnRejected = say_rejected,
                 raise type(err)(said, request=request) from err
             if proxy and response.status_code >= 400:
                 response.reason = f"{response.reason} ({_through(request.url, proxy)})"
+            check(response)
             return response
 
         def close(self) -> None:
             self._inner.close()
 
-    # A provider may hand out one shared session: check it once, not once per build.
-    for prefix, adapter in list(session.adapters.items()):
+    # Only the collector's URL is checked: a provider's session also carries
+    # its own requests (a token refresh) and may be shared with other exporters.
+    for prefix in ([endpoint] if endpoint else list(session.adapters)):
+        adapter = session.get_adapter(prefix)
         while isinstance(adapter, _CheckedAdapter):
             adapter = adapter._inner
-        session.adapters[prefix] = Checked(adapter)
-    session.hooks["response"] = [h for h in session.hooks["response"]
-                                 if not getattr(h, "_agentrt_check", False)]
-    check._agentrt_check = True  # type: ignore[attr-defined]
-    session.hooks["response"].append(check)
+        session.mount(prefix, Checked(adapter))
     return session
 
 

@@ -822,7 +822,7 @@ def build_exporter(
         compression=HttpCompression(config.compression),
         # A credential provider's session, as the SDK's own exporter takes it.
         session=checked_http_session(
-            told, unsent=_headers_the_sdk_adds() - set(config.headers),
+            told, unsent=_headers_the_sdk_adds() - set(config.headers), endpoint=config.endpoint,
             base=_credential_plugin(os.environ, HTTP_CREDENTIAL_PROVIDERS, requests.Session)),
     )
 

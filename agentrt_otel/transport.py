@@ -260,6 +260,7 @@ class OTelSink:
         self._mapped_seq = 0
         self._exported = 0
         self._failures = 0  # failed attempts of the current outage
+        self._failures_waited_out = False  # a Retry-After wait was said in this outage
         self._outage_began = 0.0
         self._lock = threading.Lock()  # one page at a time
         self._close_lock = threading.Lock()
@@ -394,6 +395,7 @@ class OTelSink:
                                  "attempts over %.1f s", self._failures,
                                  time.monotonic() - self._outage_began)
                     self._failures = 0
+                    self._failures_waited_out = False
                 continue
             if self._split_if_too_large(batch, why):
                 continue
@@ -403,7 +405,8 @@ class OTelSink:
                 self._outage_began = time.monotonic()
                 _log.warning("otel: exporting %d spans failed (%s); retrying with backoff, "
                              "the cursor stays before this page", len(batch), why)
-            if asked > backoff:
+            if asked > backoff and not self._failures_waited_out:
+                self._failures_waited_out = True  # said once per outage
                 _log.warning("otel: the collector asked to wait %g s before the next attempt "
                              "(Retry-After); waiting", asked)
             self._failures += 1

@@ -4,6 +4,7 @@ and the Makefile on a machine whose Python is too old."""
 
 from __future__ import annotations
 
+import gzip
 import io
 import os
 import shutil
@@ -137,3 +138,11 @@ def test_a_trace_observer_takes_a_write_only_stream_class() -> None:
     sink = _ToLogging()
     trace.writer(sink)(Event(7, "r", "", "2026-09-25T14:03:04Z", "step.decided", b"{}"))
     assert "step.decided" in sink.text
+
+
+def test_a_trace_observer_refuses_a_gzip_file_opened_for_reading(tmp_path):
+    path = tmp_path / "trace.jsonl.gz"
+    with gzip.open(path, "wb"):
+        pass
+    with gzip.open(path, "rb") as stream, pytest.raises(ValueError, match="for reading only"):
+        trace.jsonl(stream)

@@ -186,3 +186,23 @@ def test_an_error_raised_while_handling_a_reset_is_an_error_not_ambiguous() -> N
     run, events = _run(model)
     assert b'"status":"error"' in events[1][1]
     assert run.status == RunStatus.FAILED and model.calls == 1
+
+
+class _Unauthorized(Exception):
+    def __init__(self, *, status: int) -> None:
+        super().__init__()
+        self.status = status
+
+
+def _refused_without_a_message_after_a_reset(cancel: Any) -> None:
+    try:
+        raise ConnectionResetError(104, "Connection reset by peer")
+    except ConnectionResetError:
+        raise _Unauthorized(status=401)  # noqa: B904 - the point: not wrapped
+
+
+def test_an_error_without_arguments_raised_while_handling_a_reset_is_an_error_too() -> None:
+    model = _FirstAttemptsFail(_refused_without_a_message_after_a_reset)
+    run, events = _run(model)
+    assert b'"status":"error"' in events[1][1]
+    assert run.status == RunStatus.FAILED and model.calls == 1

@@ -300,3 +300,72 @@ def test_a_provider_session_shared_by_two_exporters_is_checked_once():
     session = checked_http_session(base=shared)
     answer = session.post("http://127.0.0.1:4318/v1/traces", data=b"", timeout=1)
     assert answer.reason == "HTTP 503 Service Unavailable"
+
+
+class _TokenEndpoint(requests.adapters.BaseAdapter):
+    """A provider's token endpoint: a JSON 200, and the verify each request had."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.verify: list[object] = []
+
+    def send(self, request, **kw):  # type: ignore[no-untyped-def]
+        self.verify.append(kw.get("verify"))
+        answer = requests.Response()
+        answer.status_code, answer.reason = 200, "OK"
+        answer.headers["Content-Type"] = "application/json"
+        answer._content = b'{"access_token":"t","expires_in":3600}'
+        answer.url, answer.request = request.url, request
+        return answer
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_provider_sessions_own_requests_are_not_held_to_the_otlp_checks():
+    """A provider refreshes its token through its own session (requests_oauthlib
+    does): only the collector's URL is checked, and another request keeps its
+    own verify."""
+    shared, token_endpoint = requests.Session(), _TokenEndpoint()
+    shared.mount("https://", token_endpoint)
+    checked_http_session(base=shared, endpoint="https://collector.example.test:4318/v1/traces")
+    shared.verify = "/etc/otel/private-ca.pem"  # as the SDK sets it from the CA variable
+    token = shared.post("https://login.example.test/oauth2/token", verify=True)
+    assert token.json()["access_token"] == "t"
+    assert token_endpoint.verify and "/etc/otel/private-ca.pem" not in token_endpoint.verify
+
+
+def test_a_provider_session_whose_response_hook_is_a_bare_callable_is_taken():
+    shared = requests.Session()
+    shared.hooks["response"] = lambda response, *args, **kwargs: None  # requests allows it
+    shared.mount("http://", _Refusing())
+    session = checked_http_session(base=shared, endpoint="http://127.0.0.1:4318/v1/traces")
+    answer = session.post("http://127.0.0.1:4318/v1/traces", data=b"", timeout=1)
+    assert answer.reason == "HTTP 503 Service Unavailable"
+
+
+class _StopsAfter(threading.Event):
+    """A stop whose waits return at once, the ``n``-th one stopping."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.n -= 1
+        if self.n <= 0:
+            self.set()
+            return True
+        return False
+
+
+def test_a_throttled_outage_says_its_retry_after_once_not_at_every_attempt(caplog):
+    caplog.set_level("WARNING", "agentrt_otel")
+    sink = OTelSink(_Failing(), stop=_StopsAfter(10), complaints=_Throttled(120.0),  # type: ignore[arg-type]
+                    backoff=Backoff(initial=0.5, maximum=30.0))
+    stream = EventStream()
+    scenario_completed(stream)
+    with pytest.raises(ExportStopped):
+        sink.handle_page(stream.events)
+    said = [r.getMessage() for r in caplog.records if "Retry-After" in r.getMessage()]
+    assert len(said) == 1

@@ -258,7 +258,7 @@ _CONNECTION_LOST = (ConnectionError, EOFError, TimeoutError, http.client.Incompl
 
 def _connection_lost(exc: BaseException) -> bool:
     """Whether ``exc`` is, or wraps (as HTTP clients wrap a reset or a read timeout:
-    ``__cause__``, ``__context__`` or an argument), a lost connection or a timeout,
+    ``__cause__`` or an argument), a lost connection or a timeout,
     as the reference's ``errors.Is`` finds one under wrapping. A refused
     connection is not one: the request never left, so nothing was served."""
     seen: set[int] = set()
@@ -272,9 +272,7 @@ def _connection_lost(exc: BaseException) -> bool:
             return False
         if isinstance(e, _CONNECTION_LOST):
             return True
-        todo += [e.__cause__, *e.args]
-        if not e.__suppress_context__ and e.__cause__ is None and not e.args:
-            todo.append(e.__context__)  # a bare re-raise of what it was handling
+        todo += [e.__cause__, *e.args]  # explicit wrapping only, as errors.Is
     return False
 
 

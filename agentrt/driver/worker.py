@@ -23,7 +23,7 @@ from agentrt.driver.cancel import CancelToken
 __all__ = ["Outcome", "Worker", "call_in_thread"]
 
 #: How often a wait looks at its caller's token: a call that ignores its own
-#: token is abandoned at most this long after its caller stops.
+#: token is abandoned at most this long after the grace below.
 _SLICE = 0.05
 #: How long a call whose caller stopped is still waited for: its token was
 #: cancelled with the caller's, and a call that honours it winds down (rolls
