@@ -25,7 +25,7 @@ from agentrt.errors import AgentrtError
 from agentrt.records import Decision, Limits, Run
 from agentrt.store import Store, open_store
 from agentrt.store.opening import (
-    _RUNTIME_TABLES,
+    RUNTIME_TABLES,
     connect,
     refuse_unsafe_schema,
     sqlite_failure,
@@ -102,7 +102,7 @@ def _is_demos(path: str) -> bool:
                                "FROM runs", (_GOAL,)).fetchone()
         except (AgentrtError, apsw.Error):
             return False
-    known = {*_RUNTIME_TABLES, "schema_migrations"}
+    known = {*RUNTIME_TABLES, "schema_migrations"}
     return row is not None and row[1] == 0 and tables <= known
 
 

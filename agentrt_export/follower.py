@@ -297,7 +297,7 @@ class Follower:
         return last
 
     def _save_before_raising(self, seq: int, error: Exception,
-                             page_end: tuple[int, str | None] | None = None) -> None:
+                             page_end: tuple[int, str | None]) -> None:
         """Save ``seq`` on the way out of a sink failure. A save that fails too
         is noted on ``error``, which stays the one raised: its type is what a
         caller catches (the reference joins the two the same way).
@@ -308,7 +308,7 @@ class Follower:
         start checks the cursor saved before it against the new history)."""
         try:
             known = None
-            if page_end is not None and page_end[1] is not None:
+            if page_end[1] is not None:
                 with self.store.locked() as conn, one_snapshot(conn):
                     now_end, known = self._hash_at(page_end[0]), self._hash_at(seq)
                 if now_end != page_end[1] or known is None:

@@ -27,6 +27,16 @@ def _demo(path: str, **kw) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=120, **kw)
 
 
+def _refused_and_left_as_it_was(path: str) -> str:
+    """Run the demo at ``path``, which holds someone else's file: the demo must
+    refuse it and change nothing; its stderr."""
+    before = Path(path).read_bytes()
+    done = _demo(path)
+    assert done.returncode == 1
+    assert Path(path).read_bytes() == before
+    return done.stderr
+
+
 def test_the_demo_into_a_pipe_closed_early_ends_without_a_traceback(tmp_path):
     done = subprocess.run(f"{sys.executable} -m agentrt.demo {tmp_path}/demo.db | head -n 3",
                           shell=True, env=child_env(), cwd=str(tmp_path), capture_output=True,
@@ -47,10 +57,7 @@ def test_the_demo_onto_a_full_stdout_says_so_in_one_sentence(tmp_path):
 def test_the_demo_does_not_delete_a_file_it_did_not_make(tmp_path):
     notes = tmp_path / "notes.txt"
     notes.write_text("my notes\n")
-    done = _demo(str(notes))
-    assert done.returncode == 1
-    assert "is not an earlier demo's database" in done.stderr
-    assert notes.read_bytes() == b"my notes\n"
+    assert "is not an earlier demo's database" in _refused_and_left_as_it_was(str(notes))
 
 
 def test_the_demo_does_not_delete_a_database_with_runs_of_its_own(tmp_path):
@@ -64,9 +71,7 @@ def test_the_demo_does_not_delete_a_database_with_runs_of_its_own(tmp_path):
         "'mine', Limits(max_steps=3, max_consecutive_tool_failures=3, loop_threshold=3))\n"
         "s.close()\n")
     subprocess.run([sys.executable, "-c", program], env=child_env(), check=True, timeout=60)
-    before = Path(db).read_bytes()
-    assert _demo(db).returncode == 1
-    assert Path(db).read_bytes() == before
+    _refused_and_left_as_it_was(db)
 
 
 def test_the_demo_replaces_its_own_earlier_database(tmp_path):
@@ -107,9 +112,7 @@ def test_the_demo_does_not_delete_a_database_with_tables_of_its_own_and_no_run(t
     path = str(tmp_path / "app.db")
     with open_store(path) as store, store.db() as conn:
         conn.execute("CREATE TABLE invoices(id INTEGER PRIMARY KEY, amount INTEGER)")
-    before = Path(path).read_bytes()
-    assert _demo(path).returncode == 1
-    assert Path(path).read_bytes() == before
+    _refused_and_left_as_it_was(path)
 
 
 def test_the_demo_replaces_its_own_database_an_older_agentrt_made(tmp_path):

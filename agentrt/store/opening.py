@@ -256,13 +256,14 @@ def _shape() -> dict[str, tuple[str, ...]]:
         try:
             _SHAPE = {table: tuple(str(r[1]) for r in conn.execute(
                           f"PRAGMA table_info({table})"))
-                      for table in _RUNTIME_TABLES}
+                      for table in RUNTIME_TABLES}
         finally:
             conn.close()
     return _SHAPE
 
 
-_RUNTIME_TABLES = ("runs", "steps", "events", "approvals", "model_calls", "tool_specs")
+#: The tables the runtime's migrations create (``schema_migrations`` aside).
+RUNTIME_TABLES = ("runs", "steps", "events", "approvals", "model_calls", "tool_specs")
 
 
 def refuse_foreign_shape(conn: apsw.Connection, path: str) -> None:
