@@ -293,8 +293,14 @@ def test_refuses_triggers_and_views_with_both_openers(tmp_path, kind, sql):
          "run_id TEXT, step_id TEXT, at TEXT, type TEXT, payload_json TEXT, hash TEXT); "
          "INSERT INTO events SELECT * FROM old; DROP TABLE old",
          "has a table events whose seq is not its INTEGER PRIMARY KEY"),
+        # Rebuilt without the rowid the page reads order by and cut big cells by.
+        ("ALTER TABLE approvals RENAME TO old; CREATE TABLE approvals (id TEXT PRIMARY KEY, "
+         "run_id TEXT, step_id TEXT, kind TEXT, capability_json TEXT, presentation_json TEXT, "
+         "request_json TEXT, hash TEXT, status TEXT, created_at TEXT, decided_at TEXT, "
+         "decided_by TEXT, note TEXT, expires_at TEXT) WITHOUT ROWID; DROP TABLE old",
+         "has a table approvals WITHOUT ROWID"),
     ],
-    ids=["table", "column", "seq"],
+    ids=["table", "column", "seq", "without-rowid"],
 )
 def test_a_table_another_program_changed_is_refused_by_both_openers_in_one_sentence(
         tmp_path, sql, detail):

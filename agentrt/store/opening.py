@@ -269,8 +269,10 @@ RUNTIME_TABLES = ("runs", "steps", "events", "approvals", "model_calls", "tool_s
 def refuse_foreign_shape(conn: apsw.Connection, path: str) -> None:
     """Refuse a file whose schema version is the runtime's but whose tables are
     not: a table rebuilt by another program (a column missing, ``events.seq``
-    no longer the rowid that orders and chains the events) would fail the
+    no longer the rowid that orders and chains the events, a table without the
+    rowid the page reads order and cut by) would fail the
     reads deep inside, as a traceback, instead of here as one sentence."""
+    without_rowid = {str(r[1]) for r in conn.execute("PRAGMA main.table_list") if r[4]}
     for table, columns in _shape().items():
         found = {str(r[1]): r for r in conn.execute(f"PRAGMA table_info({table})")}
         missing = [c for c in columns if c not in found]
@@ -281,6 +283,8 @@ def refuse_foreign_shape(conn: apsw.Connection, path: str) -> None:
         elif table == "events" and (found["seq"][5] != 1
                                     or str(found["seq"][2]).upper() != "INTEGER"):
             detail = "has a table events whose seq is not its INTEGER PRIMARY KEY"
+        elif table in without_rowid:
+            detail = f"has a table {table} WITHOUT ROWID"
         else:
             continue
         raise StoreOpenError(

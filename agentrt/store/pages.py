@@ -4,13 +4,17 @@ Each reads at most the rows asked for after an offset, caps every text column
 at ``MAX_PAGE_TEXT`` characters (the head plus a marker with the full length),
 replaces an oversized JSON column with ``{"truncated":true,"length":n,
 "head":...}`` (still JSON), and takes its total from a COUNT. Neither many
-rows nor one huge row can exhaust the reader's memory.
+rows nor one huge row can exhaust the reader's memory: SQLite hands a value
+over the cap out as NULL without reading it, and the page read cuts it from
+the blob handle in bounded chunks (see bigcells.py), in the read transaction
+that read its row.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 import apsw
@@ -18,6 +22,7 @@ import apsw
 from agentrt.errors import AgentrtError, described
 from agentrt.events import Event
 from agentrt.records import MAX_PAGE_TEXT, Approval, Run, Step
+from agentrt.store.bigcells import json_cut, read_cut, text_cut
 from agentrt.store.rows import (
     EVENT_COLUMNS,
     OTHER,
@@ -33,11 +38,15 @@ from agentrt.store.rows import (
 
 __all__ = [
     "MAX_WINDOW",
+    "CappedColumns",
     "approvals_page",
     "capped_json",
     "capped_text",
     "events_after",
     "events_page",
+    "fetch_capped",
+    "marked_json",
+    "marked_text",
     "pending_ids_of",
     "run_capped",
     "runs_page",
@@ -53,37 +62,103 @@ def _as_text(col: str) -> str:
     return f"CAST({col} AS TEXT)"
 
 
-def _fits(col: str) -> str:
+def _fits(col: str, n: int = N) -> str:
     # octet_length reads only the record header; a value of at most N bytes
     # cannot exceed N characters, so most rows never count characters. Only a
     # value of at most 4 N bytes (N characters of up to 4 bytes) is counted,
     # and only without a NUL: length() stops at the first one, so a huge text
     # behind a NUL would count as short and be read whole.
-    return (f"(octet_length({col}) <= {N} OR (octet_length({col}) <= {4 * N} "
-            f"AND instr(CAST({col} AS BLOB), X'00') = 0 AND length({_as_text(col)}) <= {N}))")
+    return (f"(octet_length({col}) <= {n} OR (octet_length({col}) <= {4 * n} "
+            f"AND instr(CAST({col} AS BLOB), X'00') = 0 AND length({_as_text(col)}) <= {n}))")
 
 
-def capped_text(col: str) -> str:
-    """SQL for a text column cut to N characters plus ``…[truncated: L characters]``.
+def capped_text(col: str, n: int = N) -> str:
+    """SQL for a text column cut to n characters plus ``…[truncated: L characters]``.
 
     Always text: a BLOB or number stored in the column is cast, NULL reads ''.
+    SQLite loads a value over the cap whole to cut it: page reads use
+    :func:`fetch_capped`, which does not.
     """
     text = _as_text(col)
     return (
-        f"CASE WHEN {_fits(col)} THEN {text} WHEN {col} IS NULL THEN '' "
-        f"ELSE substr({text}, 1, {N}) || '…[truncated: ' || length({text}) || ' characters]' END"
+        f"CASE WHEN {_fits(col, n)} THEN {text} WHEN {col} IS NULL THEN '' "
+        f"ELSE substr({text}, 1, {n}) || '…[truncated: ' || length({text}) || ' characters]' END"
     )
 
 
-def capped_json(col: str) -> str:
+def capped_json(col: str, n: int = N) -> str:
     """SQL for a JSON column as bytes, replaced when too long by the truncation
-    object ``{"truncated":true,"length":L,"head":"<first N characters>"}``."""
+    object ``{"truncated":true,"length":L,"head":"<first n characters>"}``."""
     text = _as_text(col)
     return (
-        f"CASE WHEN {_fits(col)} THEN CAST({col} AS BLOB) WHEN {col} IS NULL THEN X'' "
+        f"CASE WHEN {_fits(col, n)} THEN CAST({col} AS BLOB) WHEN {col} IS NULL THEN X'' "
         f"ELSE CAST(json_object('truncated', json('true'), 'length', length({text}), "
-        f"'head', substr({text}, 1, {N})) AS BLOB) END"
+        f"'head', substr({text}, 1, {n})) AS BLOB) END"
     )
+
+
+def _marked(col: str, fitting: str, empty: str, n: int) -> str:
+    """SQL for a capped column that leaves a value over the cap unread: the value
+    when it fits, ``empty`` for NULL, and NULL (which no capped column reads as
+    otherwise) for one over the cap. typeof(), like octet_length(), reads only
+    the record header."""
+    return f"CASE WHEN {_fits(col, n)} THEN {fitting} WHEN typeof({col}) = 'null' THEN {empty} END"
+
+
+def marked_text(col: str, n: int = N) -> str:
+    """:func:`capped_text` with a value over the cap left to :func:`fetch_capped`."""
+    return _marked(col, _as_text(col), "''", n)
+
+
+def marked_json(col: str, n: int = N) -> str:
+    """:func:`capped_json` with a value over the cap left to :func:`fetch_capped`."""
+    return _marked(col, f"CAST({col} AS BLOB)", "X''", n)
+
+
+#: A capped column: its name and whether it is JSON.
+Cell = tuple[str, bool]
+
+
+@dataclass(frozen=True, slots=True)
+class CappedColumns:
+    """A page's select list, and where in it the capped columns of ``table`` are."""
+
+    table: str
+    columns: Columns
+    #: The capped columns' positions in the select list, names and kinds.
+    cells: tuple[tuple[int, str, bool], ...]
+    #: Where the row's rowid is (appended when the page does not select it).
+    rowid_at: int
+    n: int = N
+
+    @classmethod
+    def of(cls, table: str, parts: Sequence[tuple[str, str, Cell | None]],
+           rowid_at: int | None = None, n: int = N) -> CappedColumns:
+        if rowid_at is None:
+            rowid_at = len(parts)
+            parts = [*parts, ("rowid", OTHER, None)]
+        return cls(table, Columns.of([(expr, kind) for expr, kind, _ in parts]),
+                   tuple((i, *cell) for i, (_, _, cell) in enumerate(parts)
+                         if cell is not None), rowid_at, n)
+
+
+def fetch_capped(conn: apsw.Connection, cols: CappedColumns, rest: str,
+                 params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    """``SELECT <cols> <rest>`` with every value over the cap cut from the blob
+    handle, rows and cells read in one snapshot (ended here unless the caller's)."""
+    with one_snapshot(conn):
+        rows = fetch(conn, cols.columns, rest, params)
+        return [_cut_cells(conn, cols, r) if None in r else r for r in rows]
+
+
+def _cut_cells(conn: apsw.Connection, cols: CappedColumns,
+               row: tuple[Any, ...]) -> tuple[Any, ...]:
+    out = list(row)
+    for i, column, is_json in cols.cells:
+        if out[i] is None:
+            head, length = read_cut(conn, cols.table, column, row[cols.rowid_at], cols.n)
+            out[i] = json_cut(conn, head, length) if is_json else text_cut(head, length)
+    return tuple(out)
 
 
 #: The largest row count or offset SQLite takes (a signed 64-bit integer).
@@ -121,22 +196,23 @@ class PageError(AgentrtError):
     base = "agentrt"
 
 
-def _t(col: str) -> tuple[str, str]:
-    return (capped_text(col), TEXT)
+def _t(col: str) -> tuple[str, str, Cell]:
+    return (marked_text(col), TEXT, (col, False))
 
 
-def _j(col: str) -> tuple[str, str]:
-    return (capped_json(col), OTHER)
+def _j(col: str) -> tuple[str, str, Cell]:
+    return (marked_json(col), OTHER, (col, True))
 
 
-def _n(col: str) -> tuple[str, str]:
-    return (f"ifnull({col}, 0)", OTHER)
+def _n(col: str) -> tuple[str, str, None]:
+    return (f"ifnull({col}, 0)", OTHER, None)
 
 
-_RUN_PAGE = Columns.of(
-    [
+_RUN_PAGE = CappedColumns.of(
+    "runs", [
         _t("id"), _t("goal"), _t("status"), _t("reason"), _t("reason_detail"),
-        (f"CASE WHEN {_fits('limits_json')} THEN {_as_text('limits_json')} ELSE '' END", TEXT),
+        (f"CASE WHEN {_fits('limits_json')} THEN {_as_text('limits_json')} ELSE '' END", TEXT,
+         None),
         _n("step_count"),
         _t("created_at"), _t("started_at"), _t("finished_at"),
         _j("result_json"),
@@ -171,15 +247,15 @@ def _count(conn: apsw.Connection, sql: str, params: Sequence[Any] = ()) -> int:
 def runs_page(conn: apsw.Connection, limit: int, offset: int) -> tuple[list[Run], int]:
     """Runs newest first by insertion; damaged limits read as zero, bad times as zero."""
     _check_page("runs", limit, offset)
-    rows = fetch(conn, _RUN_PAGE, "FROM runs ORDER BY rowid DESC LIMIT ? OFFSET ?",
-                 (limit, offset))
+    rows = fetch_capped(conn, _RUN_PAGE, "FROM runs ORDER BY rowid DESC LIMIT ? OFFSET ?",
+                        (limit, offset))
     total = _count(conn, "SELECT COUNT(*) FROM runs")
     return [run_from_row(r, lenient=True) for r in rows], total
 
 
 def run_capped(conn: apsw.Connection, run_id: str) -> Run:
     """One run with the page reads' caps; NotFoundError when there is none."""
-    rows = fetch(conn, _RUN_PAGE, "FROM runs WHERE id = ?", (run_id,))
+    rows = fetch_capped(conn, _RUN_PAGE, "FROM runs WHERE id = ?", (run_id,))
     if not rows:
         raise not_found(f"run {run_id}", run_id=run_id)
     return run_from_row(rows[0], lenient=True)
@@ -201,16 +277,17 @@ _STEP_SMALL = {
 _STEP_LABELS = {"decision_json": "decision", "policy_json": "policy",
                 "observation_json": "observation"}
 
-_STEP_PAGE = Columns.of(
+_STEP_PAGE = CappedColumns.of(
+    "steps",
     [_t("id"), _t("run_id"), _n("idx"), _t("status")]
     + [
         (f"CASE WHEN {_fits(col)} THEN {_as_text(col)} WHEN {col} IS NULL THEN '' "
-         f"ELSE {_small_object(col, fields)} END", TEXT)
+         f"ELSE {_small_object(col, fields)} END", TEXT, None)
         for col, fields in _STEP_SMALL.items()
     ]
     + [_t("observation_hash"), _t("started_at"), _t("finished_at"), _t("spec_hash"),
        _t("policy_id")]
-    + [(f"CASE WHEN {_fits(col)} THEN 0 ELSE length({_as_text(col)}) END", OTHER)
+    + [(f"CASE WHEN {_fits(col)} THEN 0 ELSE length({_as_text(col)}) END", OTHER, None)
        for col in _STEP_SMALL]
 )
 
@@ -220,8 +297,9 @@ def steps_page(
 ) -> tuple[list[Step], int]:
     """A run's steps by index; a column over the cap is read as its identifying fields."""
     _check_page("steps", limit, offset)
-    rows = fetch(conn, _STEP_PAGE, "FROM steps WHERE run_id = ? ORDER BY idx LIMIT ? OFFSET ?",
-                 (run_id, limit, offset))
+    rows = fetch_capped(conn, _STEP_PAGE,
+                        "FROM steps WHERE run_id = ? ORDER BY idx LIMIT ? OFFSET ?",
+                        (run_id, limit, offset))
     total = _count(conn, "SELECT COUNT(*) FROM steps WHERE run_id = ?", (run_id,))
     steps = []
     for r in rows:
@@ -247,14 +325,15 @@ _REQUEST_SMALL = (
     f"'args', json_object('truncated', json('true'), 'length', length({_REQUEST})))"
 )
 
-_APPROVAL_PAGE = Columns.of(
+_APPROVAL_PAGE = CappedColumns.of(
+    "approvals",
     [_t("id"), _t("run_id"), _t("step_id"), _t("kind"),
      _j("capability_json"), _j("presentation_json"),
      (f"CASE WHEN {_fits('request_json')} THEN {_REQUEST} "
-      f"WHEN json_valid({_REQUEST}) THEN {_REQUEST_SMALL} ELSE '' END", TEXT),
+      f"WHEN json_valid({_REQUEST}) THEN {_REQUEST_SMALL} ELSE '' END", TEXT, None),
      _t("hash"), _t("status"), _t("created_at"), _t("expires_at"), _t("decided_at"),
      _t("decided_by"), _t("note"),
-     (f"CASE WHEN {_fits('request_json')} THEN 0 ELSE length({_REQUEST}) END", OTHER)]
+     (f"CASE WHEN {_fits('request_json')} THEN 0 ELSE length({_REQUEST}) END", OTHER, None)]
 )
 
 
@@ -269,8 +348,8 @@ def approvals_page(
     _check_page("approvals", limit, offset)
     where = "run_id = ?" + (" AND status = ?" if status else "")
     params: tuple[Any, ...] = (run_id, status) if status else (run_id,)
-    rows = fetch(conn, _APPROVAL_PAGE, f"FROM approvals WHERE {where} "
-                 "ORDER BY rowid LIMIT ? OFFSET ?", params + (limit, offset))
+    rows = fetch_capped(conn, _APPROVAL_PAGE, f"FROM approvals WHERE {where} "
+                        "ORDER BY rowid LIMIT ? OFFSET ?", params + (limit, offset))
     total = _count(conn, f"SELECT COUNT(*) FROM approvals WHERE {where}", params)
     out = []
     for r in rows:
@@ -284,13 +363,15 @@ def approvals_page(
     return out, total
 
 
-_EVENT_PAGE = Columns.of(
-    [("seq", OTHER), _t("run_id"), _t("step_id"), _t("at"), _t("type"), _j("payload_json")]
+#: seq is the events' rowid (``refuse_foreign_shape`` makes sure of it).
+_EVENT_PAGE = CappedColumns.of(
+    "events",
+    [("seq", OTHER, None), _t("run_id"), _t("step_id"), _t("at"), _t("type"),
+     _j("payload_json")],
+    rowid_at=0,
 )
 _AFTER_ALL = "FROM events WHERE seq > ? ORDER BY seq LIMIT ?"
 _AFTER_RUN = "FROM events WHERE seq > ? AND run_id = ? ORDER BY seq LIMIT ?"
-_AFTER_ALL_SQL = f"SELECT {_EVENT_PAGE.fast} {_AFTER_ALL}"
-_AFTER_RUN_SQL = f"SELECT {_EVENT_PAGE.fast} {_AFTER_RUN}"
 
 
 def events_page(
@@ -298,8 +379,8 @@ def events_page(
 ) -> tuple[list[Event], int]:
     """A run's events by seq, with each text column capped and the payload capped as JSON."""
     _check_page("events", limit, offset)
-    rows = fetch(conn, _EVENT_PAGE, "FROM events WHERE run_id = ? ORDER BY seq "
-                 "LIMIT ? OFFSET ?", (run_id, limit, offset))
+    rows = fetch_capped(conn, _EVENT_PAGE, "FROM events WHERE run_id = ? ORDER BY seq "
+                        "LIMIT ? OFFSET ?", (run_id, limit, offset))
     total = _count(conn, "SELECT COUNT(*) FROM events WHERE run_id = ?", (run_id,))
     return events_from_rows(rows), total
 
@@ -347,8 +428,8 @@ def events_after(conn: apsw.Connection, run_id: str, seq: int, limit: int) -> li
         raise
     finally:
         conn.limit(apsw.SQLITE_LIMIT_LENGTH, previous)
-    return events_from_rows(fetch(conn, _EVENT_PAGE, _AFTER_RUN if run_id else _AFTER_ALL,
-                                  params))
+    return events_from_rows(fetch_capped(conn, _EVENT_PAGE,
+                                         _AFTER_RUN if run_id else _AFTER_ALL, params))
 
 
 def _matches_nothing(run_id: object, seq: object) -> bool:
