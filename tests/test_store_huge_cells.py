@@ -183,7 +183,8 @@ _READER = textwrap.dedent("""
                    len(s.list_runs_page(10, 0)[0][0].goal),
                    len(s.get_run_capped("r").goal),
                    len(s.list_steps_page("r", 10, 0)[0][0].status),
-                   len(s.list_approvals_page("r", "", 10, 0)[0][0].capability)]
+                   len(s.list_approvals_page("r", "", 10, 0)[0][0].capability),
+                   len(s.pending_approval_ids_of(["r"], 5)["r"][0])]
         return out, peak_kib()
 
     def peak_kib():
@@ -199,11 +200,11 @@ _READER = textwrap.dedent("""
 
 
 def _database(path: str, size: int) -> None:
-    """A run whose goal, one step's status, one approval's capability and one
-    event's payload are each ``size`` characters, written by a plain
+    """A waiting run whose goal, one step's status, its pending approval's id and
+    capability and one event's payload are each ``size`` characters, written by a plain
     connection without syncing (the store's own writes sync each commit)."""
     with open_store(path) as store, store.tx() as tx:
-        insert_run(tx, "r")
+        insert_run(tx, "r", status="WAITING_FOR_APPROVAL")
         insert_step(tx, "s0", "r", 0)
         insert_approval(tx, "ap", "r", "s0")
     text = b"x" * size
@@ -213,7 +214,8 @@ def _database(path: str, size: int) -> None:
     with conn:
         conn.execute("UPDATE runs SET goal = CAST(? AS TEXT)", (text,))
         conn.execute("UPDATE steps SET status = CAST(? AS TEXT)", (text,))
-        conn.execute("UPDATE approvals SET capability_json = CAST(? AS TEXT)", (payload,))
+        conn.execute("UPDATE approvals SET capability_json = CAST(? AS TEXT), "
+                     "id = CAST(? AS TEXT)", (payload, text))
         conn.execute("INSERT INTO events (run_id, step_id, at, type, payload_json) "
                      "VALUES ('r', 's0', '2026-10-01T09:00:00Z', 'step.tool_finished', "
                      "CAST(? AS TEXT))", (payload,))
@@ -230,7 +232,7 @@ def test_reading_pages_of_64_mb_values_costs_a_reader_far_less_than_their_size(t
     got = json.loads(done.stdout)
     marker = len(f"…[truncated: {64 << 20} characters]")
     # Every value arrived cut: the JSON columns as the truncation object.
-    assert got["big"][2] == got["big"][3] == got["big"][4] == N + marker
-    assert all(N < size < N + 100 for size in got["big"][:2] + got["big"][5:])
+    assert got["big"][2] == got["big"][3] == got["big"][4] == got["big"][6] == N + marker
+    assert all(N < size < N + 100 for size in got["big"][:2] + got["big"][5:6])
     grown_mb = (got["peak_kib"] - got["base_kib"]) / 1024
     assert grown_mb < 32, f"peak RSS grew {grown_mb:.0f} MB reading 64 MB values"

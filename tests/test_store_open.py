@@ -282,6 +282,13 @@ def test_refuses_triggers_and_views_with_both_openers(tmp_path, kind, sql):
     assert file_state(path) == before
 
 
+_APPROVALS_WITHOUT_ROWID = (
+    "ALTER TABLE approvals RENAME TO old; CREATE TABLE {name} (id TEXT PRIMARY KEY, "
+    "run_id TEXT, step_id TEXT, kind TEXT, capability_json TEXT, presentation_json TEXT, "
+    "request_json TEXT, hash TEXT, status TEXT, created_at TEXT, decided_at TEXT, "
+    "decided_by TEXT, note TEXT, expires_at TEXT) WITHOUT ROWID; DROP TABLE old")
+
+
 @pytest.mark.parametrize(
     ("sql", "detail"),
     [
@@ -294,13 +301,15 @@ def test_refuses_triggers_and_views_with_both_openers(tmp_path, kind, sql):
          "INSERT INTO events SELECT * FROM old; DROP TABLE old",
          "has a table events whose seq is not its INTEGER PRIMARY KEY"),
         # Rebuilt without the rowid the page reads order by and cut big cells by.
-        ("ALTER TABLE approvals RENAME TO old; CREATE TABLE approvals (id TEXT PRIMARY KEY, "
-         "run_id TEXT, step_id TEXT, kind TEXT, capability_json TEXT, presentation_json TEXT, "
-         "request_json TEXT, hash TEXT, status TEXT, created_at TEXT, decided_at TEXT, "
-         "decided_by TEXT, note TEXT, expires_at TEXT) WITHOUT ROWID; DROP TABLE old",
-         "has a table approvals WITHOUT ROWID"),
+        (_APPROVALS_WITHOUT_ROWID.format(name="approvals"), "has a table approvals WITHOUT ROWID"),
+        # SQLite's names ignore case: "Approvals" is the approvals table.
+        (_APPROVALS_WITHOUT_ROWID.format(name="Approvals"), "has a table approvals WITHOUT ROWID"),
+        # A column named rowid: SELECT rowid would read its values instead.
+        ("ALTER TABLE runs RENAME TO old; CREATE TABLE runs AS SELECT *, 1 AS rowid FROM old; "
+         "DROP TABLE old", "has a table runs whose column rowid hides its rowid"),
     ],
-    ids=["table", "column", "seq", "without-rowid"],
+    ids=["table", "column", "seq", "without-rowid", "without-rowid-named-in-capitals",
+         "rowid-column"],
 )
 def test_a_table_another_program_changed_is_refused_by_both_openers_in_one_sentence(
         tmp_path, sql, detail):
@@ -317,9 +326,32 @@ def test_a_table_another_program_changed_is_refused_by_both_openers_in_one_sente
 
 def test_a_consumers_own_tables_and_columns_are_not_a_foreign_shape(tmp_path):
     path = edited_behind_the_store(
-        tmp_path, "CREATE TABLE mine (x); ALTER TABLE runs ADD COLUMN my_note TEXT")
+        tmp_path, "CREATE TABLE mine (x); ALTER TABLE runs ADD COLUMN my_note TEXT; "
+        "CREATE TABLE kv (k TEXT PRIMARY KEY, v) WITHOUT ROWID")
     for open_it in every_opener(path):
         open_it().close()
+
+
+def test_a_column_renamed_in_another_case_is_not_missing(tmp_path):
+    """SQLite's names ignore case, so every read finds ``Goal`` as ``goal``."""
+    path = edited_behind_the_store(tmp_path, "ALTER TABLE runs RENAME COLUMN goal TO Goal")
+    for open_it in every_opener(path):
+        open_it().close()
+
+
+def test_an_older_file_whose_table_another_program_rebuilt_is_refused_once_migrated(tmp_path):
+    """Its shape is the runtime's only once its migrations ran, so it is checked then;
+    before, such a file was migrated, accepted, and failed its page reads."""
+    path = str(tmp_path / "old.db")
+    conn = build_old_database(path, 5)
+    columns = [str(r[1]) for r in conn.execute("PRAGMA table_info(approvals)")]
+    conn.execute("ALTER TABLE approvals RENAME TO old; CREATE TABLE approvals (id TEXT PRIMARY "
+                 "KEY, " + ", ".join(f"{c} TEXT" for c in columns[1:])
+                 + ") WITHOUT ROWID; DROP TABLE old")
+    conn.close()
+    for _ in range(2):
+        with pytest.raises(StoreOpenError, match="has a table approvals WITHOUT ROWID"):
+            open_store(path).close()
 
 
 def _pragmas(conn: apsw.Connection) -> dict[str, object]:

@@ -266,15 +266,22 @@ def _shape() -> dict[str, tuple[str, ...]]:
 RUNTIME_TABLES = ("runs", "steps", "events", "approvals", "model_calls", "tool_specs")
 
 
+def _folded(name: object) -> str:
+    """A name as SQLite matches it: ASCII letters in any case are the same."""
+    text = str(name)
+    return text.lower() if text.isascii() else text
+
+
 def refuse_foreign_shape(conn: apsw.Connection, path: str) -> None:
     """Refuse a file whose schema version is the runtime's but whose tables are
     not: a table rebuilt by another program (a column missing, ``events.seq``
     no longer the rowid that orders and chains the events, a table without the
     rowid the page reads order and cut by) would fail the
     reads deep inside, as a traceback, instead of here as one sentence."""
-    without_rowid = {str(r[1]) for r in conn.execute("PRAGMA main.table_list") if r[4]}
+    # SQLite's names ignore case: a table rebuilt as "Events" is the events table.
+    without_rowid = {_folded(r[1]) for r in conn.execute("PRAGMA main.table_list") if r[4]}
     for table, columns in _shape().items():
-        found = {str(r[1]): r for r in conn.execute(f"PRAGMA table_info({table})")}
+        found = {_folded(r[1]): r for r in conn.execute(f"PRAGMA table_info({table})")}
         missing = [c for c in columns if c not in found]
         if not found:
             detail = f"has no table {table}"
@@ -285,6 +292,8 @@ def refuse_foreign_shape(conn: apsw.Connection, path: str) -> None:
             detail = "has a table events whose seq is not its INTEGER PRIMARY KEY"
         elif table in without_rowid:
             detail = f"has a table {table} WITHOUT ROWID"
+        elif "rowid" in found:  # the page reads would order and cut by its values
+            detail = f"has a table {table} whose column rowid hides its rowid"
         else:
             continue
         raise StoreOpenError(
@@ -529,10 +538,15 @@ def open_writer(path: str) -> tuple[apsw.Connection, apsw.Connection]:
         conn = conns[0]
         refuse_unsafe_schema(conn, path)
         refuse_other_encoding(conn, path)
-        if refuse_newer(conn, path) == SCHEMA_VERSION:
+        version = refuse_newer(conn, path)
+        if version == SCHEMA_VERSION:
             refuse_foreign_shape(conn, path)  # before anything is written
         switch_to_wal(conn, path)
         migrate(conn, path)
+        if 0 < version < SCHEMA_VERSION:
+            # An older release's tables, as the migrations left them: another
+            # program may have rebuilt one before (the next open would refuse it).
+            refuse_foreign_shape(conn, path)
         conns.append(connect(uri, write=True))
         secure_files(real, create=False, write=True)  # the WAL files SQLite made too
     return conns[0], conns[1]

@@ -462,25 +462,36 @@ def _check_after(run_id: object, seq: object, limit: object) -> None:
     raise _window_error("events", limit, 0)
 
 
+#: A pending approval's run, id (over the cap: cut from the blob handle) and rowid.
+_PENDING = CappedColumns.of(
+    "approvals", [("a.run_id", TEXT, None), (marked_text("a.id"), TEXT, ("id", False)),
+                  ("a.rowid", OTHER, None)], rowid_at=2)
+
+
 def pending_ids_of(
     conn: apsw.Connection, run_ids: Sequence[str], per_run: int
 ) -> dict[str, list[str]]:
-    """Pending approval ids of the named waiting runs, at most ``per_run`` each."""
+    """Pending approval ids of the named waiting runs, at most ``per_run`` each.
+
+    The window numbers rowids only: SQLite's rewrite of a window query carries
+    every column its select list names through a sorter, so an id selected
+    beside ROW_NUMBER() would be read whole (and copied) however it is capped.
+    """
     if not run_ids or per_run <= 0:
         return {}
     marks = ", ".join("?" for _ in run_ids)
-    rows = fetch(
-        conn,
-        Columns.of([("run_id", TEXT), ("id", TEXT)]),
-        "FROM ("
-        f"SELECT a.run_id AS run_id, {capped_text('a.id')} AS id, "
-        "ROW_NUMBER() OVER (PARTITION BY a.run_id ORDER BY a.rowid) AS rn "
-        "FROM approvals a JOIN runs r ON r.id = a.run_id "
-        "WHERE a.status = 'pending' AND r.status = 'WAITING_FOR_APPROVAL' "
-        f"AND a.run_id IN ({marks})) WHERE rn <= ? ORDER BY run_id, rn",
+    rows = fetch_capped(
+        conn, _PENDING,
+        "FROM approvals a JOIN ("
+        "SELECT p.rowid AS rid, "
+        "ROW_NUMBER() OVER (PARTITION BY p.run_id ORDER BY p.rowid) AS rn "
+        "FROM approvals p JOIN runs r ON r.id = p.run_id "
+        "WHERE p.status = 'pending' AND r.status = 'WAITING_FOR_APPROVAL' "
+        f"AND p.run_id IN ({marks})) w ON a.rowid = w.rid "
+        "WHERE w.rn <= ? ORDER BY a.run_id, w.rn",
         (*run_ids, per_run),
     )
     out: dict[str, list[str]] = {}
-    for run_id, approval_id in rows:
+    for run_id, approval_id, _ in rows:
         out.setdefault(str(run_id), []).append(str(approval_id))
     return out
