@@ -12,6 +12,7 @@ import pytest
 from _driver_kit import call, limits, make, types
 
 from agentrt.driver import CancelledError, CancelToken, FuncTool, ToolResult
+from agentrt.driver import worker as worker_module
 from agentrt.driver.errors import ConfigError
 from agentrt.driver.tools import check_args, compile_schema
 from agentrt.driver.worker import Worker
@@ -325,3 +326,24 @@ def test_a_tool_that_honours_its_token_is_waited_for_while_it_winds_down():
         d.start("g", limits(), run_id="r", cancel=token)
     assert rolled_back == [True]
     assert store.list_steps("r")[0].observation.kind == "tool_result"
+
+
+def test_a_worker_whose_thread_could_not_start_starts_one_at_the_next_call(monkeypatch):
+    """Before, the worker kept the thread that never ran, and the next tool call
+    sat out its whole timeout on it and came back as a timeout."""
+    start = worker_module._Thread.start
+    failures = [RuntimeError("can't start new thread")]
+
+    def start_once_failing(thread: object) -> None:
+        if failures:
+            raise failures.pop()
+        start(thread)
+
+    monkeypatch.setattr(worker_module._Thread, "start", start_once_failing)
+    worker = Worker()
+    with pytest.raises(RuntimeError):
+        worker.call(lambda: 1, 5.0)
+    began = time.monotonic()
+    out = worker.call(lambda: 42, 5.0)
+    worker.close()
+    assert out is not None and out.value == 42 and time.monotonic() - began < 2

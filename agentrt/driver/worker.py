@@ -131,7 +131,11 @@ class Worker:
         thread = self._thread
         if thread is None or thread.forks != _forks:
             thread = self._thread = _Thread(self._name)
-            thread.start()
+            try:
+                thread.start()
+            except BaseException:  # not kept: the next call would wait on a thread never run
+                self._thread = None
+                raise
         out = Outcome(thread.done)
         thread.jobs.put((out, fn, args))
         if out.wait(timeout) if stop is None else out.wait_unless(timeout, stop):
