@@ -249,35 +249,45 @@ class Payload:
     def apply(self, attrs: dict[str, str | int | bool], fields: tuple[Field, ...],
               max_text: int) -> None:
         """Set the attribute of each field that yields one (the hot path of
-        the mapping: one loop over the decoded values, no call per field)."""
+        the mapping: one loop over the decoded values, no call per field but
+        for a text that might need cutting)."""
         values = self._values
+        if values is None:
+            self._apply_raw(attrs, fields, max_text)
+            return
+        get = values.get
         for field, key, kind in fields:
-            if values is not None:
-                v = values.get(field)
-                if v is None:
-                    continue
-                if kind == NUM:
-                    if _is_int64(v):
-                        attrs[key] = v
-                    continue
-                if kind == FLAG:
-                    if v is True:
-                        attrs[key] = True
-                    continue
+            v = get(field)
+            if v is None:
+                continue
+            if kind == NUM:
+                if _is_int64(v):
+                    attrs[key] = v
+            elif kind == FLAG:
+                if v is True:
+                    attrs[key] = True
+            else:
                 text = v if type(v) is str else self.string(field)
-            elif kind == NUM:
+                if text:
+                    # truncate()'s own first test, without the call: no cut is possible
+                    fits = kind == STR or len(text) * 4 <= max_text
+                    attrs[key] = text if fits else truncate(text, max_text)
+
+    def _apply_raw(self, attrs: dict[str, str | int | bool], fields: tuple[Field, ...],
+                   max_text: int) -> None:
+        """:meth:`apply` for a payload orjson refused, from its raw members."""
+        for field, key, kind in fields:
+            if kind == NUM:
                 n = self.integer(field)
                 if n is not None:
                     attrs[key] = n
-                continue
             elif kind == FLAG:
                 if self.is_true(field):
                     attrs[key] = True
-                continue
             else:
                 text = self.string(field)
-            if text:
-                attrs[key] = truncate(text, max_text) if kind == TEXT else text
+                if text:
+                    attrs[key] = truncate(text, max_text) if kind == TEXT else text
 
     def truncated_length(self) -> int | None:
         """``length`` of a page read's truncation object (``{"truncated":true,

@@ -15,6 +15,7 @@ an all-zero result (invalid in OpenTelemetry) has its last byte set to 1.
 from __future__ import annotations
 
 import hashlib
+from functools import lru_cache
 
 __all__ = ["span_id", "span_id_hex", "trace_id", "trace_id_hex"]
 
@@ -50,20 +51,24 @@ def trace_id(run_id: str) -> int:
     return value or 1
 
 
+@lru_cache(maxsize=32)
+def _span_prefix(kind: str) -> hashlib._Hash:
+    """SHA-256 fed ``"agentrt/span" 0x00 kind 0x00``, to be copied and fed an id:
+    the same digest as hashing the whole text, for a third less per id (a
+    span id is derived for every span exported)."""
+    return hashlib.sha256(_SPAN_PREFIX + kind.encode("utf-8", "surrogatepass") + b"\x00")
+
+
 def span_id(kind: str, id: str) -> int:
     """The span id of the ``kind`` thing named ``id``, as a 64-bit integer.
 
     Raises TypeError when ``kind`` or ``id`` is not a str."""
     try:
-        data = (
-            _SPAN_PREFIX
-            + kind.encode("utf-8", "surrogatepass")
-            + b"\x00"
-            + id.encode("utf-8", "surrogatepass")
-        )
+        digest = _span_prefix(kind).copy()
+        digest.update(id.encode("utf-8", "surrogatepass"))
     except (AttributeError, TypeError):
         raise _not_text("span_id", kind=kind, id=id) from None
-    value = int.from_bytes(hashlib.sha256(data).digest()[:8], "big")
+    value = int.from_bytes(digest.digest()[:8], "big")
     return value or 1
 
 

@@ -121,7 +121,7 @@ from agentrt_otel._fields import (
     TOOL_NAME,
     clamp_ns,
     decode_limits,
-    event_ns,
+    event_at_ns,
 )
 from agentrt_otel._payload import Field, Payload
 from agentrt_otel._restart import ReadFailed, earlier_events
@@ -152,6 +152,12 @@ _T = "agentrt.payload.truncated"
 _RUN_ID = "agentrt.run.id"
 _STEP_ID = "agentrt.step.id"
 _START_UNKNOWN = "agentrt.span.start_unknown"
+#: Event types compared on every event, as plain strings (an enum member's
+#: lookup and comparison cost several times a string's).
+_RUN_CREATED = EventType.RUN_CREATED.value
+_TOOL_FINISHED = EventType.STEP_TOOL_FINISHED.value
+_MODEL_COMPLETED = EventType.MODEL_COMPLETED.value
+_MODEL_FAILED = EventType.MODEL_FAILED.value
 
 
 #: Ids longer than this are derived each time instead of cached: a cache entry
@@ -209,7 +215,8 @@ class SpanMapper:
         self._runs: dict[str, RunState] = {}
         self._finished: OrderedDict[str, Finished] = OrderedDict()
         self._finished_cap = finished_runs
-        self._handlers: dict[str, Handler] = {
+        # Keyed by the types' plain strings, which an event's type is.
+        self._handlers: dict[str, Handler] = {k.value: v for k, v in {
             EventType.RUN_CREATED: self._run_created,
             EventType.RUN_STARTED: self._run_started,
             EventType.RUN_RESUMED: self._run_resumed,
@@ -229,7 +236,7 @@ class SpanMapper:
             EventType.MODEL_COMPLETED: self._model_result,
             EventType.MODEL_FAILED: self._model_result,
             EventType.RUN_FINISHED: self._run_finished,
-        }
+        }.items()}
 
     # -- public -------------------------------------------------------------
 
@@ -260,23 +267,25 @@ class SpanMapper:
     def map(self, event: Event) -> list[SpanRecord]:
         """The spans ``event`` finishes, in the order they ended."""
         out: list[SpanRecord] = []
-        if (event.run_id not in self._runs and self._source is not None
-                and not self._replaying and event.run_id not in self._finished
-                and event.type != EventType.RUN_CREATED):
+        run_id = event.run_id
+        runs = self._runs
+        if (run_id not in runs and self._source is not None and not self._replaying
+                and run_id not in self._finished and event.type != _RUN_CREATED):
             self._replay(event, out)
         payload = Payload.parse(event.payload)
-        at = event_ns(event.at, event.at_text)
-        handler = self._handlers.get(event.type)
-        finished = self._finished.get(event.run_id)
+        at = event_at_ns(event)
+        finished = self._finished.get(run_id)
         if finished is not None and not self._after_end(event, payload, finished):
             self._event_span(event, payload, at, out)
-        elif handler is not None:
-            handler(event, payload, at, out)
         else:
-            self._unknown(event, payload, at, out)
-        st = self._runs.get(event.run_id)
+            handler = self._handlers.get(event.type)
+            if handler is not None:
+                handler(event, payload, at, out)
+            else:
+                self._unknown(event, payload, at, out)
+        st = runs.get(run_id)
         if st is not None and st.empty():
-            del self._runs[event.run_id]
+            del runs[run_id]
         return out
 
     def map_all(self, events: Iterable[Event]) -> list[SpanRecord]:
@@ -354,9 +363,9 @@ class SpanMapper:
         ``unknown`` (exported already; a driver that lost its lease records
         its result all the same)."""
         t = event.type
-        if t == EventType.STEP_TOOL_FINISHED:
+        if t == _TOOL_FINISHED:
             return p.is_true("late")
-        if t == EventType.MODEL_COMPLETED or t == EventType.MODEL_FAILED:
+        if t in (_MODEL_COMPLETED, _MODEL_FAILED):
             return p.string("call_id") not in finished.closed
         return False
 
@@ -642,7 +651,7 @@ class SpanMapper:
             value = usage.strict_int(key)
             attrs["agentrt.model." + key] = value if isinstance(value, int) else 0
         self._set(attrs, p, MODEL_RESULT[1:])
-        if e.type == EventType.MODEL_FAILED:
+        if e.type == _MODEL_FAILED:
             self._set(attrs, p, MODEL_ERROR)
             span.status_code = StatusCode.ERROR
             span.status_description = status

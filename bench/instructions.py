@@ -12,6 +12,7 @@ lacks SHA extensions, so sha256 weighs more here than on the real CPU.
     python -m bench.instructions [--what step,append,bare]     # needs valgrind
     python -m bench.instructions --what page-bare,page-cast,page-events,page
     python -m bench.instructions --what export,follow,sqlite3-json
+    python -m bench.instructions --what otel,otel-encode
 
 ``step``: a step of the scripted agent with a trivial tool, as in
 ``bench_driver``; ``append``: ``with store.tx() as tx: tx.append(...)``, as in
@@ -27,6 +28,12 @@ that does nothing; ``sqlite3-json``: one row of
 database of 60,000 events (``bench_store``'s), the export workloads one of
 the runtime's own payloads (``bench.common.event_db``), each made once
 before counting; a workload of n units reads the table's last n rows.
+``otel``: one event read, mapped to spans (``SpanMapper``) and built into
+the SDK's ``ReadableSpan`` objects a page of 500 at a time, as
+``agentrt-export otel`` does before it hands a page to the exporter;
+``otel-encode``: that and the SDK's OTLP encoding of the spans, serialised,
+in batches of 512 (the part both sides of ``bench_otel`` pay). These read the
+export database's first n events, so every run is mapped from its start.
 """
 
 from __future__ import annotations
@@ -48,7 +55,8 @@ UNITS = {"step": (100, 300), "append": (1000, 3000), "bare": (1000, 3000),
          "page": (20_000, 60_000), "page-bare": (20_000, 60_000),
          "page-cast": (20_000, 60_000), "page-events": (20_000, 60_000),
          "export": (20_000, 60_000), "follow": (20_000, 60_000),
-         "sqlite3-json": (20_000, 60_000)}
+         "sqlite3-json": (20_000, 60_000), "otel": (20_000, 60_000),
+         "otel-encode": (10_000, 30_000)}
 #: Where the paging and export workloads find their databases (made by the parent).
 _PAGE_DB = "BENCH_INSTRUCTIONS_PAGE_DB"
 _EXPORT_DB = "BENCH_INSTRUCTIONS_EXPORT_DB"
@@ -152,11 +160,37 @@ def _exports(sink: str) -> Callable[[str, int], None]:
     return export
 
 
+def _otel(encode: bool) -> Callable[[str, int], None]:
+    """A workload mapping the export database's first ``n`` events to SDK spans,
+    and encoding them as the OTLP exporter does when ``encode``."""
+
+    def spans(directory: str, n: int) -> None:
+        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+        from agentrt.store import open_existing
+        from agentrt_otel import SpanMapper, resolve_config, to_readable_spans
+
+        resource = resolve_config().resource()
+        with open_existing(os.environ[_EXPORT_DB]) as store:
+            mapper = SpanMapper(store)
+            seq = 0
+            while seq < n:
+                page = store.list_events_after("", seq, min(_PAGE, n - seq))
+                built = to_readable_spans(mapper.map_all(page), resource)
+                if encode:
+                    for i in range(0, len(built), 512):
+                        encode_spans(built[i:i + 512]).SerializePartialToString()
+                seq = page[-1].seq
+
+    return spans
+
+
 WORKLOADS: dict[str, Callable[[str, int], None]] = {
     "step": _steps, "append": _appends, "bare": _bare,
     "page": _pages("store"), "page-bare": _pages("bare"),
     "page-cast": _pages("cast"), "page-events": _pages("events"),
     "export": _exports("jsonl"), "follow": _exports("null"),
+    "otel": _otel(False), "otel-encode": _otel(True),
 }
 #: Every workload: the Python ones above, and the sqlite3 CLI counted as itself.
 NAMES = (*WORKLOADS, "sqlite3-json")
@@ -204,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
 
             os.environ[_PAGE_DB] = os.path.join(directory, "events.db")
             build_events(os.environ[_PAGE_DB], _TABLE)
-        if {"export", "follow", "sqlite3-json"} & set(wanted):
+        if {"export", "follow", "sqlite3-json", "otel", "otel-encode"} & set(wanted):
             from bench.common import event_db
 
             os.environ[_EXPORT_DB] = event_db(_TABLE)
