@@ -197,7 +197,11 @@ def test_a_collector_that_goes_away_and_comes_back_loses_nothing(protocol: str) 
     assert finished.is_set()
     assert cursor[-1] == s.events[-1].seq
     assert received(got + back.spans()) == expected(records)
-    assert len(got) + len(back.spans()) == len(records)
+    # A reply lost on a busy host (the receiver decoded the request, the client
+    # gave up on its answer) sends that page again: never more than one page.
+    mapper = SpanMapper()
+    most = max(len(mapper.map_all(page)) for page in chunks)
+    assert 0 <= len(got) + len(back.spans()) - len(records) <= most
 
 
 def test_a_stop_during_an_outage_ends_the_page_unacknowledged() -> None:
