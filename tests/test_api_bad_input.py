@@ -394,6 +394,25 @@ def test_pending_approval_ids_of_refuses_one_str_for_many_ids(store: Store) -> N
     _one_sentence(info.value, "run_ids")
 
 
+@pytest.mark.parametrize("per_run", [2**63, "2", 1.5, None])
+def test_pending_approval_ids_of_names_a_per_run_that_is_not_a_count(
+        store: Store, per_run: Any) -> None:
+    with pytest.raises(AgentrtError) as info:
+        store.pending_approval_ids_of(["r"], per_run)
+    _one_sentence(info.value, "per_run")
+
+
+def test_pending_approval_ids_of_more_runs_than_sqlite_binds_in_one_query(store: Store) -> None:
+    """SQLite binds at most 32,766 values a statement: the ids go in several queries."""
+    with store.tx() as tx:
+        tx.execute("UPDATE runs SET status = 'WAITING_FOR_APPROVAL' WHERE id = 'r'")
+        tx.execute("INSERT INTO approvals (id, run_id, step_id, kind, capability_json, "
+                   "presentation_json, request_json, hash, status, created_at) VALUES "
+                   "('ap', 'r', 's', 'k', '{}', '{}', '{}', 'h', 'pending', 't')")
+    ids = [f"gone-{i}" for i in range(40_000)] + ["r"]
+    assert store.pending_approval_ids_of(ids, 2) == {"r": ["ap"]}
+
+
 # -- 4. appending events ---------------------------------------------------------
 
 

@@ -347,3 +347,23 @@ def test_a_worker_whose_thread_could_not_start_starts_one_at_the_next_call(monke
     out = worker.call(lambda: 42, 5.0)
     worker.close()
     assert out is not None and out.value == 42 and time.monotonic() - began < 2
+
+
+def test_a_worker_thread_that_started_before_start_raised_is_ended_all_the_same(monkeypatch):
+    """A Ctrl-C landing in ``Thread.start()`` once the thread runs: it is not kept,
+    so nothing else would tell it to end; it would wait on its queue for good."""
+    start = worker_module._Thread.start
+
+    def start_then_interrupted(thread: threading.Thread) -> None:
+        start(thread)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(worker_module._Thread, "start", start_then_interrupted)
+    worker = Worker(name="started-then-interrupted")
+    with pytest.raises(KeyboardInterrupt):
+        worker.call(lambda: 1, 1.0)
+    worker.close()
+    threads = [t for t in threading.enumerate() if t.name == "started-then-interrupted"]
+    for thread in threads:
+        thread.join(5)
+    assert threads and not any(t.is_alive() for t in threads)

@@ -282,6 +282,11 @@ def test_refuses_triggers_and_views_with_both_openers(tmp_path, kind, sql):
     assert file_state(path) == before
 
 
+_EVENTS_REBUILT = (
+    "ALTER TABLE events RENAME TO old; CREATE TABLE events ({seq} run_id TEXT NOT NULL, "
+    "step_id TEXT NOT NULL DEFAULT '', at TEXT NOT NULL, type TEXT NOT NULL, "
+    "payload_json TEXT NOT NULL, hash TEXT NOT NULL DEFAULT ''{key}); "
+    "INSERT INTO events SELECT * FROM old; DROP TABLE old")
 _APPROVALS_WITHOUT_ROWID = (
     "ALTER TABLE approvals RENAME TO old; CREATE TABLE {name} (id TEXT PRIMARY KEY, "
     "run_id TEXT, step_id TEXT, kind TEXT, capability_json TEXT, presentation_json TEXT, "
@@ -300,6 +305,12 @@ _APPROVALS_WITHOUT_ROWID = (
          "run_id TEXT, step_id TEXT, at TEXT, type TEXT, payload_json TEXT, hash TEXT); "
          "INSERT INTO events SELECT * FROM old; DROP TABLE old",
          "has a table events whose seq is not its INTEGER PRIMARY KEY"),
+        # An INTEGER key that SQLite keeps in an index of its own, not the rowid
+        # the page reads cut long payloads by: they would hand out another row's.
+        (_EVENTS_REBUILT.format(seq="seq INTEGER PRIMARY KEY DESC,", key=""),
+         "has a table events whose seq is not its INTEGER PRIMARY KEY"),
+        (_EVENTS_REBUILT.format(seq="seq INTEGER,", key=", PRIMARY KEY (seq, run_id)"),
+         "has a table events whose seq is not its INTEGER PRIMARY KEY"),
         # Rebuilt without the rowid the page reads order by and cut big cells by.
         (_APPROVALS_WITHOUT_ROWID.format(name="approvals"), "has a table approvals WITHOUT ROWID"),
         # SQLite's names ignore case: "Approvals" is the approvals table.
@@ -308,8 +319,8 @@ _APPROVALS_WITHOUT_ROWID = (
         ("ALTER TABLE runs RENAME TO old; CREATE TABLE runs AS SELECT *, 1 AS rowid FROM old; "
          "DROP TABLE old", "has a table runs whose column rowid hides its rowid"),
     ],
-    ids=["table", "column", "seq", "without-rowid", "without-rowid-named-in-capitals",
-         "rowid-column"],
+    ids=["table", "column", "seq", "seq-desc", "seq-in-a-composite-key", "without-rowid",
+         "without-rowid-named-in-capitals", "rowid-column"],
 )
 def test_a_table_another_program_changed_is_refused_by_both_openers_in_one_sentence(
         tmp_path, sql, detail):
@@ -337,6 +348,22 @@ def test_a_column_renamed_in_another_case_is_not_missing(tmp_path):
     path = edited_behind_the_store(tmp_path, "ALTER TABLE runs RENAME COLUMN goal TO Goal")
     for open_it in every_opener(path):
         open_it().close()
+
+
+def test_an_older_file_whose_events_seq_is_not_the_rowid_is_refused_before_migrating(tmp_path):
+    """Migration 6 chains the events, reading long payloads by seq as the rowid:
+    run on such a table it would commit hashes of other rows' payloads."""
+    path = str(tmp_path / "old.db")
+    conn = build_old_database(path, 5)
+    conn.execute("ALTER TABLE events RENAME TO old; CREATE TABLE events (seq INTEGER PRIMARY "
+                 "KEY DESC, run_id TEXT NOT NULL, step_id TEXT NOT NULL DEFAULT '', at TEXT "
+                 "NOT NULL, type TEXT NOT NULL, payload_json TEXT NOT NULL); "
+                 "INSERT INTO events SELECT * FROM old; DROP TABLE old")
+    conn.close()
+    before = file_state(path)
+    with pytest.raises(StoreOpenError, match="has a table events whose seq is not its INTEGER"):
+        open_store(path).close()
+    assert file_state(path) == before
 
 
 def test_an_older_file_whose_table_another_program_rebuilt_is_refused_once_migrated(tmp_path):

@@ -135,6 +135,7 @@ class Worker:
                 thread.start()
             except BaseException:  # not kept: the next call would wait on a thread never run
                 self._thread = None
+                thread.jobs.put(None)  # and one that did start (a Ctrl-C in start()) ends
                 raise
         out = Outcome(thread.done)
         thread.jobs.put((out, fn, args))

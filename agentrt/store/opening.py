@@ -272,6 +272,13 @@ def _folded(name: object) -> str:
     return text.lower() if text.isascii() else text
 
 
+def _pk_is_not_the_rowid(conn: apsw.Connection, table: str) -> bool:
+    """Whether ``table``'s primary key is kept in an index of its own: a key of
+    several columns, ``INTEGER PRIMARY KEY DESC`` or a WITHOUT ROWID table,
+    none of which is the rowid (an INTEGER PRIMARY KEY that is has no index)."""
+    return any(str(r[3]) == "pk" for r in conn.execute(f"PRAGMA index_list({table})"))
+
+
 def refuse_foreign_shape(conn: apsw.Connection, path: str) -> None:
     """Refuse a file whose schema version is the runtime's but whose tables are
     not: a table rebuilt by another program (a column missing, ``events.seq``
@@ -288,7 +295,8 @@ def refuse_foreign_shape(conn: apsw.Connection, path: str) -> None:
         elif missing:
             detail = f"has a table {table} without its column {missing[0]}"
         elif table == "events" and (found["seq"][5] != 1
-                                    or str(found["seq"][2]).upper() != "INTEGER"):
+                                    or str(found["seq"][2]).upper() != "INTEGER"
+                                    or _pk_is_not_the_rowid(conn, table)):
             detail = "has a table events whose seq is not its INTEGER PRIMARY KEY"
         elif table in without_rowid:
             detail = f"has a table {table} WITHOUT ROWID"
@@ -541,6 +549,13 @@ def open_writer(path: str) -> tuple[apsw.Connection, apsw.Connection]:
         version = refuse_newer(conn, path)
         if version == SCHEMA_VERSION:
             refuse_foreign_shape(conn, path)  # before anything is written
+        if 0 < version < SCHEMA_VERSION and _pk_is_not_the_rowid(conn, "events"):
+            # Migration 6 would chain the events reading long values by seq as the
+            # rowid, and commit hashes of other rows, before the check below.
+            raise StoreOpenError(
+                f"{path} has a table events whose seq is not its INTEGER PRIMARY KEY, so "
+                "it is not the agentrt schema its version says: another program changed "
+                "it; open a backup, or a copy agentrt made")
         switch_to_wal(conn, path)
         migrate(conn, path)
         if 0 < version < SCHEMA_VERSION:

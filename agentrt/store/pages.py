@@ -468,6 +468,10 @@ _PENDING = CappedColumns.of(
                   ("a.rowid", OTHER, None)], rowid_at=2)
 
 
+#: Run ids bound in one query (SQLite's limit is 32,766 variables).
+_IDS_PER_QUERY = 10_000
+
+
 def pending_ids_of(
     conn: apsw.Connection, run_ids: Sequence[str], per_run: int
 ) -> dict[str, list[str]]:
@@ -477,8 +481,18 @@ def pending_ids_of(
     every column its select list names through a sorter, so an id selected
     beside ROW_NUMBER() would be read whole (and copied) however it is capped.
     """
+    if not (_is_int(per_run) and per_run <= MAX_WINDOW):
+        raise PageError(f"pending approval ids: per_run is {described(per_run)}, not a "
+                        f"whole number of at most {MAX_WINDOW}")
     if not run_ids or per_run <= 0:
         return {}
+    if len(run_ids) > _IDS_PER_QUERY:
+        # SQLite binds at most 32,766 values a statement; each run's window is its own.
+        out: dict[str, list[str]] = {}
+        with one_snapshot(conn):
+            for at in range(0, len(run_ids), _IDS_PER_QUERY):
+                out.update(pending_ids_of(conn, run_ids[at:at + _IDS_PER_QUERY], per_run))
+        return out
     marks = ", ".join("?" for _ in run_ids)
     rows = fetch_capped(
         conn, _PENDING,
@@ -491,7 +505,7 @@ def pending_ids_of(
         "WHERE w.rn <= ? ORDER BY a.run_id, w.rn",
         (*run_ids, per_run),
     )
-    out: dict[str, list[str]] = {}
+    found: dict[str, list[str]] = {}
     for run_id, approval_id, _ in rows:
-        out.setdefault(str(run_id), []).append(str(approval_id))
-    return out
+        found.setdefault(str(run_id), []).append(str(approval_id))
+    return found
