@@ -61,3 +61,16 @@ def test_every_status_row_names_its_tests_in_the_file_it_cites():
                 if current and name not in _defined_in(current):
                     wrong.append(f"{current}::{name}")
     assert not wrong, wrong
+
+
+@pytest.mark.parametrize("doc", [p for p in DOCS if p.name != "status.md"], ids=lambda p: p.name)
+def test_every_test_a_doc_cites_after_a_file_is_defined_in_that_file(doc):
+    """``file.py::test_a`` and a later ``::test_b`` name tests of the last file
+    named before them, so a reader can run each id as written."""
+    wrong = []
+    current = ""
+    for file, name in re.findall(r"(test_\w+\.py)?::(test_\w+)", doc.read_text()):
+        current = file or current
+        if current and name not in _defined_in(current):
+            wrong.append(f"{current}::{name}")
+    assert not wrong, wrong
