@@ -29,6 +29,7 @@ import shutil
 import sys
 import tempfile
 import time
+from typing import cast
 
 import apsw
 
@@ -93,7 +94,7 @@ class StepSQL:
         head, count = self.conn.execute(
             "SELECT (SELECT max(seq) FROM events), step_count FROM runs WHERE id = 'r'"
         ).fetchall()[0]
-        self.seq, self.count = int(head), int(count)
+        self.seq, self.count = int(cast(int, head)), int(cast(int, count))
         self.ids = {step_id: step_id, next_id: next_id}
         self.step_id, self.next_id = step_id, next_id
         self.samples: list[float] = []

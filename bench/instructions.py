@@ -47,6 +47,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import cast
 
 import apsw
 
@@ -140,7 +141,7 @@ def _pages(how: str) -> Callable[[str, int], None]:
         while seq < _TABLE:
             cursor = conn.execute(sql, (seq, _PAGE))
             rows = events_from_rows(cursor) if how == "events" else cursor.fetchall()
-            seq = rows[-1][0]
+            seq = cast(int, rows[-1][0])
         conn.close()
 
     return read
