@@ -171,7 +171,9 @@ def duration_ns(d: timedelta) -> int:
 
 
 def ns_duration(ns: int) -> timedelta:
-    return timedelta(microseconds=ns // 1000)
+    # A positive duration under 1 µs (Go's Limits{GrantTTL: 500}) is still a limit,
+    # not the 0 that means none: it becomes the least a timedelta holds.
+    return timedelta(microseconds=ns // 1000 if ns <= 0 or ns >= 1000 else 1)
 
 
 def _str(raw: dict[str, bytes], key: str) -> str:

@@ -93,6 +93,15 @@ def test_a_served_error_subclass_that_skips_init_is_charged_the_estimate():
     assert run.estimated_cost_micros == cost_micros(PRICES["scripted-model"], ESTIMATE) > 0
 
 
+def test_a_served_error_with_unusable_usage_is_charged_the_estimate_and_says_so():
+    run, store = drive([ServedError("400 context too long", Usage(-5, 3))])
+    assert (run.status, run.reason) == ("FAILED", "model_unavailable")
+    (mc,) = store.list_model_calls("r")
+    assert (mc.status, mc.usage) == ("error", ESTIMATE)
+    assert mc.error == ("400 context too long (unusable usage: a token count is negative; "
+                        "charged the estimate)")
+
+
 def test_a_retry_after_set_in_seconds_after_construction_is_honoured():
     run, store = drive([HeaderTransient("429", 0.01), OK], max_retries=1,
                        backoff=timedelta(microseconds=1))

@@ -172,6 +172,80 @@ def test_the_callers_deadline_stops_the_wait_on_a_model_that_ignores_its_token()
     assert b"abandoned when its caller stopped (deadline exceeded)" in failed[0]
 
 
+class _Polite:
+    """A model that gives up when its token is done, as the protocol asks."""
+
+    def name(self) -> str:
+        return "m"
+
+    def generate(self, request: Any, cancel: Any) -> ModelResponse:
+        cancel.wait(5)
+        raise TimeoutError(f"request abandoned: {cancel.reason}")
+
+
+class _LateTimer(threading.Timer):
+    """The deadline's timer fires a second late, as a busy host can make it."""
+
+    def __init__(self, interval: float, *args: Any, **kwargs: Any) -> None:
+        super().__init__(interval + 1.0, *args, **kwargs)
+
+
+@pytest.mark.parametrize("max_retries", [0, 2])
+def test_the_callers_deadline_is_a_cancel_before_its_timer_fires(monkeypatch, max_retries):
+    """An adapter that honours its token gives up at the deadline, which can be
+    before the timer cancelling the loop fires: the run is left for a resume,
+    never failed as model_unavailable (spec 9: a caller's cancel is ambiguous)."""
+    def decide(step: Any) -> Decision:
+        step.model.generate(ModelRequest(max_output_tokens=10))
+        return Decision.complete()
+
+    monkeypatch.setattr(threading, "Timer", _LateTimer)
+    store = open_store(":memory:")
+    driver = Driver(store, AgentFunc(decide), DefaultPolicy(), [],
+                    model=ModelConfig(_Polite(), max_retries=max_retries,
+                                      backoff=timedelta(milliseconds=1)))
+    with pytest.raises(CancelledError):
+        driver.start("g", limits(), run_id="r", cancel=CancelToken(timeout=0.2))
+    assert store.get_run("r").status == RunStatus.RUNNING
+    assert [c.status for c in store.list_model_calls("r")] == ["ambiguous"]
+
+
+class _SlowServed:
+    """Served after half a second, and charged for it."""
+
+    def name(self) -> str:
+        return "m"
+
+    def generate(self, request: Any, cancel: Any) -> ModelResponse:
+        time.sleep(0.5)
+        return ModelResponse(text="ok", usage=Usage(100, 10))
+
+
+def test_a_ctrl_c_during_a_model_call_charges_it_and_a_resume_counts_it() -> None:
+    """The request left before the interrupt: the attempt is recorded ambiguous and
+    charged, not left dispatched and uncounted for a resume to exceed the limit."""
+    import _thread
+
+    def decide(step: Any) -> Decision:
+        step.model.generate(ModelRequest(max_output_tokens=10))
+        return Decision.complete()
+
+    store = open_store(":memory:")
+    driver = Driver(store, AgentFunc(decide), DefaultPolicy(), [],
+                    model=ModelConfig(_SlowServed()))
+    threading.Timer(0.2, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt):
+        driver.start("g", limits(max_model_calls=1), run_id="r")
+        time.sleep(1)  # the interrupt lands here if the call was not interrupted
+    calls = store.list_model_calls("r")
+    assert [c.status for c in calls] == ["ambiguous"]
+    assert store.get_run("r").model_calls == 1 and calls[0].usage.output_tokens > 0
+    time.sleep(0.5)  # the provider has answered by now
+    run = driver.resume("r")
+    assert len(store.list_model_calls("r")) == 1
+    assert (run.status, run.reason) == (RunStatus.FAILED, "limit_model_calls")
+
+
 def _refused_after_a_reset(cancel: Any) -> None:
     """A stale keep-alive socket resets; the adapter reconnects and the provider
     answers 401: a definite refusal, raised while handling the reset."""

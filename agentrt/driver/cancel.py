@@ -33,6 +33,9 @@ class CancelToken:
         self._lock = threading.Lock()
         self._children: list[CancelToken] = []
         self._reason = ""
+        for name, value in (("timeout", timeout), ("deadline", deadline)):
+            if value is not None and value != value:  # NaN: not before, not after any instant
+                raise ValueError(f"CancelToken {name} is NaN, not a number of seconds")
         if timeout is not None:
             at = time.monotonic() + timeout
             deadline = at if deadline is None else min(deadline, at)

@@ -23,7 +23,7 @@ from agentrt.driver.lease import WallClock
 from agentrt.driver.model import ModelConfig
 from agentrt.driver.policy import Policy
 from agentrt.driver.tools import RegisteredTool
-from agentrt.errors import described
+from agentrt.errors import described, raised_text
 from agentrt.events import Event, Observer
 from agentrt.records import Limits, ToolRequest, ToolSpec
 from agentrt.store import Store
@@ -39,6 +39,8 @@ __all__ = [
     "new_id",
     "safe_observer",
     "system_now",
+    "answer",
+    "aware_clock",
 ]
 
 MAX_POLICY_ID_BYTES = 256
@@ -49,6 +51,30 @@ def new_id() -> str:
     """16 random bytes as 32 lowercase hex characters (``secrets.token_hex(16)``
     without its three Python calls: a step takes one)."""
     return os.urandom(16).hex()
+
+
+def answer(fn: Callable[[], Any], what: str) -> Any:
+    """``fn()``; an exception from it (consumer code) said as one ConfigError."""
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - consumer code; said in one sentence
+        raise ConfigError(raised_text(what, exc)) from exc
+
+
+def aware_clock(now: Callable[[], datetime], whose: str = "driver") -> Callable[[], datetime]:
+    """The consumer's clock, with a naive reading taken as UTC (stored times are UTC,
+    and a naive one could not be compared with them). A reading that raises or is
+    not a datetime is a ConfigError before anything is written with it: the call
+    stops as a crashed driver would, and a driver with a working clock resumes."""
+
+    def reading() -> datetime:
+        t = answer(now, f"the {whose}'s clock now()")
+        if not isinstance(t, datetime):
+            raise ConfigError(f"the {whose}'s clock now() returned {described(t)}, "
+                              "not a datetime")
+        return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
+
+    return reading
 
 
 #: The default clock, ``datetime.now(UTC)``: a partial, so that each of a step's

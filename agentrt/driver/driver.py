@@ -12,9 +12,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import PurePath
-from typing import Any
 
 import apsw
 
@@ -32,6 +31,8 @@ from agentrt.driver.checks import (
 )
 from agentrt.driver.core import (
     Core,
+    answer,
+    aware_clock,
     check_limits_config,
     check_policy_id,
     new_id,
@@ -54,7 +55,6 @@ from agentrt.errors import (
     RunLeasedError,
     RunStateError,
     described,
-    raised_text,
 )
 from agentrt.events import EventType, Observer
 from agentrt.gojson import Raw, dumps, sorted_map
@@ -190,7 +190,7 @@ class Driver:
             named = policy.policy_id
             check_callable("policy.policy_id", named, "a method policy_id(self) -> str",
                            sync=True)
-            policy_id = check_policy_id(_answer(named, "policy.policy_id()"))
+            policy_id = check_policy_id(answer(named, "policy.policy_id()"))
         self._core = Core(
             store=store,
             agent=agent,
@@ -198,7 +198,7 @@ class Driver:
             policy_id=policy_id,
             tools=registered,
             observer=safe_observer(observer),
-            now=_aware(now) if now is not None else system_now,
+            now=aware_clock(now) if now is not None else system_now,
             wall=wall or wall_now,
             new_id=_checked_ids(new_id) if new_id is not None else _default_id,
             model=model.resolved() if model is not None else None,
@@ -423,9 +423,11 @@ def _call_token(cancel: CancelToken | None) -> tuple[CancelToken, threading.Time
     deadline = cancel.deadline
     if deadline is None:
         return cancel, None
+    left = deadline - time.monotonic()
+    if not left < threading.TIMEOUT_MAX:  # inf, or past any wait a thread can make
+        return cancel, None
     token = cancel.child()
-    timer = threading.Timer(max(deadline - time.monotonic(), 0.0), token.cancel,
-                            ("deadline exceeded",))
+    timer = threading.Timer(max(left, 0.0), token.cancel, ("deadline exceeded",))
     timer.name, timer.daemon = "agentrt-deadline", True
     timer.start()
     return token, timer
@@ -443,37 +445,13 @@ def _reused_id_table(exc: apsw.ConstraintError) -> str:
     return ""
 
 
-def _answer(fn: Callable[[], Any], what: str) -> Any:
-    """``fn()``; an exception from it (consumer code) said as one ConfigError."""
-    try:
-        return fn()
-    except Exception as exc:  # noqa: BLE001 - consumer code; said in one sentence
-        raise ConfigError(raised_text(what, exc)) from exc
-
-
-def _aware(now: Callable[[], datetime]) -> Callable[[], datetime]:
-    """The consumer's clock, with a naive reading taken as UTC (stored times are UTC,
-    and a naive one could not be compared with them). A reading that raises or is
-    not a datetime is a ConfigError before anything is written with it: the call
-    stops as a crashed driver would, and a driver with a working clock resumes."""
-
-    def reading() -> datetime:
-        t = _answer(now, "the driver's clock now()")
-        if not isinstance(t, datetime):
-            raise ConfigError(f"the driver's clock now() returned {described(t)}, "
-                              "not a datetime")
-        return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
-
-    return reading
-
-
 def _checked_ids(new_id: Callable[[], str]) -> Callable[[], str]:
     """The consumer's id function, each id checked before a row or event carries it:
     an empty step id would read as a run-level event, a non-str one is unstorable.
     A failure stops the call as a crashed driver would (the run stays resumable)."""
 
     def fresh() -> str:
-        return check_text("the id new_id() returned", _answer(new_id, "new_id()"),
+        return check_text("the id new_id() returned", answer(new_id, "new_id()"),
                           blank="every step, call and approval needs an id",
                           utf8=_NOT_UTF8_ID)
 

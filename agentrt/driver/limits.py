@@ -118,7 +118,9 @@ def check_before_step(
     if streak >= limits.max_consecutive_tool_failures:
         return _failed(Reason.REPEATED_TOOL_FAILURES, f"{streak} consecutive failed steps"), []
     max_active = limits.max_active_time
-    if max_active > _UNLIMITED and timedelta(milliseconds=run.active_ms) >= max_active:
+    # In integer nanoseconds, as the spec compares: a timedelta of active_ms overflows
+    # long before the int64 that add_active_ms saturates at.
+    if max_active > _UNLIMITED and run.active_ms * 1_000_000 >= duration_ns(max_active):
         return _failed(
             Reason.LIMIT_ACTIVE_TIME,
             f"active time {format_duration(run.active_ms * 1_000_000)} reached limit "

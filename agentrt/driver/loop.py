@@ -232,7 +232,7 @@ def _agent_failed(s: Session, step: Step, exc: Exception) -> Run | None:
     unwritten = find_cause(exc, StoreWriteError)
     if unwritten is not None:  # a model call's record met a full disk: not the agent's error
         raise unwritten
-    if s.cancel.cancelled:
+    if s.cancel.done:  # the deadline's timer may not have fired yet
         raise CancelledError(s.cancel.reason) from exc
     lost = find_cause(exc, LeaseLostError)
     if lost is not None or not s.lease.ok():

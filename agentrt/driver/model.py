@@ -11,6 +11,7 @@ estimate, because the provider may have served it.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import threading
 import time
@@ -53,7 +54,7 @@ from agentrt.errors import (
 )
 from agentrt.events import EventType, Observer
 from agentrt.gojson import dumps, sorted_map
-from agentrt.records import ModelCallStatus, Reason, RunStatus, ToolSpec, Usage
+from agentrt.records import ModelCallStatus, Reason, RunStatus, ToolSpec, Usage, duration_ns
 from agentrt.store import Store
 from agentrt.store.writes import (
     MAX_INT64,
@@ -517,10 +518,10 @@ class ModelCaller:
                     and now + wait - run.created_at >= limits.max_elapsed_time):
                 return None
             if limits.max_active_time > timedelta(0):
-                active = timedelta(milliseconds=run.active_ms)
+                active_ns = run.active_ms * 1_000_000  # a timedelta of it could overflow
                 if self._step_started_at is not None:
-                    active += max(now - self._step_started_at, timedelta(0))
-                if active + wait >= limits.max_active_time:
+                    active_ns += max(duration_ns(now - self._step_started_at), 0)
+                if active_ns + duration_ns(wait) >= duration_ns(limits.max_active_time):
                     return None
         return wait
 
@@ -555,6 +556,14 @@ class ModelCaller:
                                  f"agentrt-model-{call_id[:8]}", stop=self._cancel)
         except BaseException:
             token.cancel("interrupted")  # the wait ended (a Ctrl-C), not the call: stop it
+            # The request left: charge it as any abandoned attempt, so the row is not
+            # left dispatched and a resume still counts it against the limits.
+            completed_at = self._now()
+            latency = max(int((completed_at - dispatched_at) / timedelta(milliseconds=1)), 0)
+            abandoned = _Attempt(ModelCallStatus.AMBIGUOUS.value, estimate, estimate_cost,
+                                 "abandoned when its caller stopped (interrupted)")
+            with contextlib.suppress(Exception):  # the interrupt is what the caller must see
+                self._record(call_id, attempt, abandoned, latency, completed_at, reservation)
             raise
         finally:
             self._cancel.release(token)
@@ -599,7 +608,7 @@ class ModelCaller:
             usage = _charged(response.usage)
             done = _Attempt(ModelCallStatus.OK.value, usage, cost_micros(self._price, usage), "",
                             response=response)
-            if self._cancel.cancelled:
+            if self._cancel.done:  # cancelled, or the caller's deadline passed
                 done.raise_ = CancelledError(self._cancel.reason)
             return done
         text = exception_text(exc)
@@ -616,14 +625,16 @@ class ModelCaller:
             # getattr: a subclass that skips ServedError.__init__ has no usage; it
             # was still served, so it is charged the estimate, not left dispatched.
             served: object = getattr(exc, "usage", None)
-            if isinstance(served, Usage) and not _unusable(served):
+            why = _unusable(served)
+            if isinstance(served, Usage) and not why:
                 usage = _charged(served)
                 cost = cost_micros(self._price, usage)
-            else:
+            else:  # said, so the record does not read as the provider's own count
                 usage, cost = estimate, estimate_cost
+                text = f"{text} (unusable usage: {why}; charged the estimate)"
             return _Attempt(error, usage, cost, text,
                             raise_=ModelUnavailableError(attempt, text))
-        if self._cancel.cancelled:
+        if self._cancel.done:  # cancelled, or the caller's deadline passed (its timer may lag)
             return _Attempt(ambiguous, estimate, estimate_cost, text,
                             raise_=CancelledError(self._cancel.reason))
         if _connection_lost(exc) or token.timed_out:

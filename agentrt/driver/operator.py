@@ -13,7 +13,7 @@ from datetime import datetime
 
 from agentrt.driver.approvals import check_operator, check_shown, decide, refusing_too_big
 from agentrt.driver.checks import check_callable
-from agentrt.driver.core import safe_observer, system_now
+from agentrt.driver.core import aware_clock, safe_observer, system_now
 from agentrt.driver.errors import ConfigError
 from agentrt.driver.session import observation
 from agentrt.errors import RunStateError, described
@@ -85,7 +85,8 @@ class Operator:
             check_callable("now", now, "a clock function now() -> datetime", sync=True)
         self.store = store
         self.observer = safe_observer(observer)
-        self.now = now or system_now
+        # Read as the driver reads its clock: a naive reading is UTC, a bad one a ConfigError.
+        self.now = aware_clock(now, "operator") if now is not None else system_now
 
     def approve(self, run_id: str, approval_id: str, by: str, note: str = "") -> Approval:
         """Grant a pending approval; the run stays WAITING until a resume executes it."""
