@@ -411,6 +411,8 @@ def test_pending_approval_ids_of_more_runs_than_sqlite_binds_in_one_query(store:
                    "('ap', 'r', 's', 'k', '{}', '{}', '{}', 'h', 'pending', 't')")
     ids = [f"gone-{i}" for i in range(40_000)] + ["r"]
     assert store.pending_approval_ids_of(ids, 2) == {"r": ["ap"]}
+    assert store.pending_approval_ids_of(set(ids), 2) == {"r": ["ap"]}  # no slices of a set
+    assert store.pending_approval_ids_of(dict.fromkeys(ids).keys(), 2) == {"r": ["ap"]}
 
 
 # -- 4. appending events ---------------------------------------------------------

@@ -13,7 +13,7 @@ import socket
 import struct
 import threading
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -210,6 +210,37 @@ def test_the_callers_deadline_is_a_cancel_before_its_timer_fires(monkeypatch, ma
     assert [c.status for c in store.list_model_calls("r")] == ["ambiguous"]
 
 
+class _Counted:
+    """Answers at once, counting the requests it served."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def name(self) -> str:
+        return "m"
+
+    def generate(self, request: Any, cancel: Any) -> ModelResponse:
+        self.calls += 1
+        return ModelResponse(text="ok", usage=Usage(100, 10))
+
+
+def test_no_attempt_is_dispatched_once_the_callers_deadline_passed(monkeypatch):
+    """The agent thinks past the deadline and the timer is late: no request is sent
+    (and paid for) only to be thrown away."""
+    def decide(step: Any) -> Decision:
+        time.sleep(0.3)
+        step.model.generate(ModelRequest(max_output_tokens=10))
+        return Decision.complete()
+
+    monkeypatch.setattr(threading, "Timer", _LateTimer)
+    model = _Counted()
+    store = open_store(":memory:")
+    driver = Driver(store, AgentFunc(decide), DefaultPolicy(), [], model=ModelConfig(model))
+    with pytest.raises(CancelledError):
+        driver.start("g", limits(), run_id="r", cancel=CancelToken(timeout=0.2))
+    assert store.list_model_calls("r") == [] and model.calls == 0
+
+
 class _SlowServed:
     """Served after half a second, and charged for it."""
 
@@ -280,3 +311,54 @@ def test_an_error_without_arguments_raised_while_handling_a_reset_is_an_error_to
     run, events = _run(model)
     assert b'"status":"error"' in events[1][1]
     assert run.status == RunStatus.FAILED and model.calls == 1
+
+
+def test_a_ctrl_c_is_what_the_caller_sees_even_when_the_clock_then_fails() -> None:
+    """Recording the interrupted attempt reads the clock; a consumer's clock that
+    fails then must not replace the KeyboardInterrupt."""
+    import _thread
+
+    interrupted = threading.Event()
+
+    def now() -> datetime:
+        if interrupted.is_set():
+            raise RuntimeError("clock service unreachable")
+        return datetime.now(UTC)
+
+    def fire() -> None:
+        interrupted.set()
+        _thread.interrupt_main()
+
+    def decide(step: Any) -> Decision:
+        step.model.generate(ModelRequest(max_output_tokens=10))
+        return Decision.complete()
+
+    store = open_store(":memory:")
+    driver = Driver(store, AgentFunc(decide), DefaultPolicy(), [], now=now,
+                    model=ModelConfig(_SlowServed()))
+    threading.Timer(0.2, fire).start()
+    with pytest.raises(KeyboardInterrupt):
+        driver.start("g", limits(), run_id="r")
+        time.sleep(1)
+
+
+def test_a_model_thread_that_could_not_start_is_an_uncharged_error(monkeypatch) -> None:
+    """No thread, no request: not an interrupted request charged its estimate."""
+    from agentrt.driver import model as model_module
+
+    def no_thread(fn: Any, timeout: Any, name: str, stop: Any = None) -> Any:
+        raise RuntimeError("can't start new thread")
+
+    def decide(step: Any) -> Decision:
+        step.model.generate(ModelRequest(max_output_tokens=10))
+        return Decision.complete()
+
+    monkeypatch.setattr(model_module, "call_in_thread", no_thread)
+    store = open_store(":memory:")
+    driver = Driver(store, AgentFunc(decide), DefaultPolicy(), [],
+                    model=ModelConfig(_SlowServed()))
+    run = driver.start("g", limits(), run_id="r")
+    assert (run.status, run.reason) == (RunStatus.FAILED, "agent_error")
+    (call,) = store.list_model_calls("r")
+    assert (call.status, call.usage) == ("error", Usage())
+    assert call.error == "starting the model call raised RuntimeError: can't start new thread"

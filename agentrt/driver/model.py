@@ -424,7 +424,7 @@ class ModelCaller:
         attempts = self._config.max_retries + 1
         last = ""
         for attempt in range(1, attempts + 1):
-            if self._cancel.cancelled:
+            if self._cancel.done:  # cancelled, or the caller's deadline passed (its timer may lag)
                 raise CancelledError(self._cancel.reason)
             if not self._lease.ok():
                 raise LeaseLostError(f"run {self._run_id}: the lease is no longer held")
@@ -554,15 +554,20 @@ class ModelCaller:
             out = call_in_thread(lambda: model.generate(request, token),
                                  self._config.call_timeout.total_seconds(),
                                  f"agentrt-model-{call_id[:8]}", stop=self._cancel)
-        except BaseException:
+        except BaseException as exc:
             token.cancel("interrupted")  # the wait ended (a Ctrl-C), not the call: stop it
-            # The request left: charge it as any abandoned attempt, so the row is not
-            # left dispatched and a resume still counts it against the limits.
-            completed_at = self._now()
-            latency = max(int((completed_at - dispatched_at) / timedelta(milliseconds=1)), 0)
-            abandoned = _Attempt(ModelCallStatus.AMBIGUOUS.value, estimate, estimate_cost,
-                                 "abandoned when its caller stopped (interrupted)")
+            if isinstance(exc, Exception):  # no thread to run it on: the request never left
+                text = raised_text("starting the model call", exc)
+                abandoned = _Attempt(ModelCallStatus.ERROR.value, Usage(), 0, text)
+            else:  # the request left: charge it as any abandoned attempt
+                abandoned = _Attempt(ModelCallStatus.AMBIGUOUS.value, estimate, estimate_cost,
+                                     "abandoned when its caller stopped (interrupted)")
             with contextlib.suppress(Exception):  # the interrupt is what the caller must see
+                try:
+                    completed_at = self._now()
+                except Exception:  # noqa: BLE001 - a failing clock must not mask the interrupt
+                    completed_at = dispatched_at
+                latency = max(int((completed_at - dispatched_at) / timedelta(milliseconds=1)), 0)
                 self._record(call_id, attempt, abandoned, latency, completed_at, reservation)
             raise
         finally:

@@ -279,6 +279,14 @@ def _pk_is_not_the_rowid(conn: apsw.Connection, table: str) -> bool:
     return any(str(r[3]) == "pk" for r in conn.execute(f"PRAGMA index_list({table})"))
 
 
+def _events_seq_is_not_the_rowid(conn: apsw.Connection) -> bool:
+    """Whether ``events.seq`` is not the table's rowid: not its one INTEGER PRIMARY
+    KEY (no key at all, another type, or a key SQLite keeps in an index)."""
+    seq = {_folded(r[1]): r for r in conn.execute("PRAGMA table_info(events)")}.get("seq")
+    return seq is not None and (seq[5] != 1 or str(seq[2]).upper() != "INTEGER"
+                                or _pk_is_not_the_rowid(conn, "events"))
+
+
 def refuse_foreign_shape(conn: apsw.Connection, path: str) -> None:
     """Refuse a file whose schema version is the runtime's but whose tables are
     not: a table rebuilt by another program (a column missing, ``events.seq``
@@ -294,9 +302,7 @@ def refuse_foreign_shape(conn: apsw.Connection, path: str) -> None:
             detail = f"has no table {table}"
         elif missing:
             detail = f"has a table {table} without its column {missing[0]}"
-        elif table == "events" and (found["seq"][5] != 1
-                                    or str(found["seq"][2]).upper() != "INTEGER"
-                                    or _pk_is_not_the_rowid(conn, table)):
+        elif table == "events" and _events_seq_is_not_the_rowid(conn):
             detail = "has a table events whose seq is not its INTEGER PRIMARY KEY"
         elif table in without_rowid:
             detail = f"has a table {table} WITHOUT ROWID"
@@ -549,7 +555,7 @@ def open_writer(path: str) -> tuple[apsw.Connection, apsw.Connection]:
         version = refuse_newer(conn, path)
         if version == SCHEMA_VERSION:
             refuse_foreign_shape(conn, path)  # before anything is written
-        if 0 < version < SCHEMA_VERSION and _pk_is_not_the_rowid(conn, "events"):
+        if 0 < version < SCHEMA_VERSION and _events_seq_is_not_the_rowid(conn):
             # Migration 6 would chain the events reading long values by seq as the
             # rowid, and commit hashes of other rows, before the check below.
             raise StoreOpenError(

@@ -487,6 +487,7 @@ def pending_ids_of(
     if not run_ids or per_run <= 0:
         return {}
     if len(run_ids) > _IDS_PER_QUERY:
+        run_ids = list(run_ids)  # a set or dict view has a length but no slices
         # SQLite binds at most 32,766 values a statement; each run's window is its own.
         out: dict[str, list[str]] = {}
         with one_snapshot(conn):
