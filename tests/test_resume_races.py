@@ -70,3 +70,54 @@ def test_a_resume_whose_approved_tool_spec_now_raises_is_refused_and_waits() -> 
     with pytest.raises(AgentrtError, match='approved tool "publish".*registry offline.*waiting'):
         d.resume("r")
     assert store.get_run("r").status == RunStatus.WAITING_FOR_APPROVAL
+
+
+def test_a_grant_found_past_its_ttl_after_another_resume_used_it_cancels_nothing(
+        tmp_path: Any) -> None:
+    """The slow resumer read the grant; the other resumer executed it and the run
+    paused again on a later step's approval; the slow one's clock then reads past
+    the grant TTL. It must not cancel the run waiting on the newer approval, nor
+    mark the spent grant expired."""
+    from agentrt.driver import approve
+    from agentrt.errors import RunStateError
+    from agentrt.store import open_store
+
+    db = str(tmp_path / "runs.db")
+    store = open_store(db)
+    script = [call("publish", b'{"n":1}'), call("publish", b'{"n":2}'), Decision.complete()]
+    d, _, _, _ = make(store=store, script=script)
+    d.start("g", limits(grant_ttl=timedelta(minutes=5)), run_id="r")
+    approve(store, "r", store.list_approvals("r")[0].id, "operator", "")
+    decided_at = store.list_approvals("r")[0].decided_at
+    soon, late = decided_at + timedelta(minutes=1), decided_at + timedelta(hours=1)
+    prompt, _, _, _ = make(store=open_store(db), script=script, now=lambda: soon)
+    raced: list[str] = []
+
+    def slow_now() -> Any:
+        if not raced:  # the slow resumer has read the grant: the other goes first
+            raced.append(prompt.resume("r").status)
+        return late
+
+    slow, _, _, _ = make(store=open_store(db), script=[], now=slow_now)
+    with pytest.raises(RunStateError, match="was already acted on"):
+        slow.resume("r")
+    assert raced == [RunStatus.WAITING_FOR_APPROVAL]
+    assert store.get_run("r").status == RunStatus.WAITING_FOR_APPROVAL
+    assert [a.status for a in store.list_approvals("r")] == ["approved", "pending"]
+
+
+def test_a_blank_capability_granted_is_the_same_grant_on_resume() -> None:
+    """The pause stores and hashes a blank capability or presentation as ``{}``; the
+    resume must hash the policy's same answer the same way, or the approved tool
+    never runs and every resume asks again."""
+    from agentrt.driver import approve
+    from agentrt.records import PolicyDecision
+
+    pd = PolicyDecision("require_approval", "ask", "manual", b" ", b"\n")
+    d, store, _, _ = make(script=[call("publish", b"{}"), Decision.complete()],
+                          policy=PolicyFunc(lambda r, v: pd))
+    d.start("g", limits(), run_id="r")
+    approve(store, "r", store.list_approvals("r")[0].id, "op", "")
+    run = d.resume("r")
+    assert (run.status, run.reason) == (RunStatus.COMPLETED, "goal_completed")
+    assert [a.status for a in store.list_approvals("r")] == ["approved"]

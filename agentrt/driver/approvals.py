@@ -153,6 +153,13 @@ def expire(store: Store, observer: Observer | None, a: Approval, now: datetime) 
                    reason=Reason.APPROVAL_EXPIRED.value, detail=detail, finished_at=now)
         if a.status == ApprovalStatus.APPROVED:  # a grant read before a later pause
             require_latest(tx, a, a.status)
+            # ... or before another resume acted on it: its step moved on, and the run
+            # may be WAITING on a later step's approval, which this must not cancel.
+            step = tx.one("SELECT status FROM steps WHERE id = ?", (a.step_id,))
+            if step is None or str(step[0]) != StepStatus.AWAITING_APPROVAL.value:
+                raise RunStateError(
+                    f"approval {a.id} was already acted on: step {a.step_id} is "
+                    f"{step[0] if step is not None else 'gone'}, not awaiting_approval")
         pending = a.status == ApprovalStatus.PENDING
         if not expire_approval(tx, a.id, a.status, now if pending else None):
             raise NotPendingError(f"approval {a.id} is no longer {a.status}")

@@ -30,6 +30,7 @@ from agentrt.driver.session import (
     PreEvent,
     Session,
     StepEnd,
+    blank_as_empty,
     encode,
     observation,
 )
@@ -489,8 +490,11 @@ def policy_event(pd: PolicyDecision, policy_id: str, spec_hash: str,
 
 
 def _same_grant(pd: PolicyDecision, request: ToolRequest, grant: Approval) -> bool:
+    """Whether the policy asks again for exactly the approval granted, hashed as the
+    pause hashed it (a blank capability or presentation is ``{}``)."""
     try:
-        digest = approval_hash(pd.kind, pd.capability, pd.presentation, request)
+        digest = approval_hash(pd.kind, blank_as_empty(pd.capability),
+                               blank_as_empty(pd.presentation), request)
     except (ValueError, TypeError) as exc:
         raise EncodeError(f"approval hash: {exc}") from exc
     return digest == grant.hash

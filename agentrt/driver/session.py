@@ -167,12 +167,17 @@ class PreEvent:
     payload: bytes | dict[str, Any]
 
 
+def blank_as_empty(data: bytes | None) -> bytes:
+    """JSON bytes as stored and hashed: blank or None is ``{}``."""
+    return data if data and data.strip() else b"{}"
+
+
 def _encoded(payload: bytes | dict[str, Any] | None) -> bytes:
     """An event payload as stored: a dict encoded, encoded bytes as they are,
     blank or None as ``{}``."""
     if isinstance(payload, dict):
         return encode(payload)
-    return payload if payload and payload.strip() else b"{}"
+    return blank_as_empty(payload)
 
 
 @dataclass(slots=True)
@@ -472,9 +477,7 @@ class Session:
         exact request by its hash, the run is WAITING with no lease (one Now reading)."""
         now = self.core.now()
         assert self.run is not None
-        capability = pd.capability if pd.capability and pd.capability.strip() else b"{}"
-        presentation = (pd.presentation if pd.presentation and pd.presentation.strip()
-                        else b"{}")
+        capability, presentation = blank_as_empty(pd.capability), blank_as_empty(pd.presentation)
         try:
             digest = approval_hash(pd.kind, capability, presentation, request)
             request_json = dumps(request.to_json())
