@@ -7,7 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from _driver_kit import call, limits, make, stopped_while_deciding
+from _driver_kit import call, fixture_tools, limits, make, stopped_while_deciding
 
 from agentrt.driver import DefaultPolicy, FuncTool, PolicyFunc, Reconciliation, ToolResult, cancel
 from agentrt.errors import AgentrtError
@@ -121,3 +121,29 @@ def test_a_blank_capability_granted_is_the_same_grant_on_resume() -> None:
     run = d.resume("r")
     assert (run.status, run.reason) == (RunStatus.COMPLETED, "goal_completed")
     assert [a.status for a in store.list_approvals("r")] == ["approved"]
+
+
+def test_a_grant_whose_ttl_passes_while_the_policy_is_asked_again_does_not_run() -> None:
+    """Spec 13: executing a grant judges its TTL again at the tool's start, with
+    that start's own clock reading (no extra one): a policy service that takes
+    past the TTL at resume leaves the tool unrun and the run approval_expired."""
+    from agentrt.records import ApprovalStatus
+    from agentrt.testing import FakeClock
+
+    clock = FakeClock()
+
+    def slow_at_resume(request: Any, view: Any) -> Any:
+        if view.run.status == RunStatus.WAITING_FOR_APPROVAL:
+            clock.advance(timedelta(minutes=10))
+        return DefaultPolicy().evaluate(request, view)
+
+    calls: list = []
+    d, store, _, _ = make(script=[call("publish", b"{}"), Decision.complete()],
+                          policy=PolicyFunc(slow_at_resume), now=clock,
+                          tools=fixture_tools(calls))
+    d.start("g", limits(grant_ttl=timedelta(minutes=5)), run_id="r")
+    d.approve("r", store.list_approvals("r")[0].id, "op")
+    run = d.resume("r")
+    assert (run.status, run.reason) == (RunStatus.CANCELLED, "approval_expired")
+    assert [a.status for a in store.list_approvals("r")] == [ApprovalStatus.EXPIRED]
+    assert calls == [] and "step.tool_started" not in [e.type for e in store.list_events("r")]

@@ -21,7 +21,7 @@ import apsw
 
 from agentrt.driver.checks import check_text
 from agentrt.driver.errors import ConfigError
-from agentrt.driver.loop import apply, evaluate, require_latest, resume_run
+from agentrt.driver.loop import apply, evaluate, grant_expired, require_latest, resume_run
 from agentrt.driver.session import WAITING, Session, StepEnd, observation
 from agentrt.driver.tools import check_args
 from agentrt.errors import (
@@ -263,9 +263,7 @@ def resume_approved(s: Session) -> Run | None:
                           "left waiting") from exc
     request = ToolRequest(grant.request.run_id, awaiting.id, spec, grant.request.args)
     resumed_at = core.now()
-    grant_ttl = s.run.limits.grant_ttl
-    if (grant_ttl.total_seconds() > 0 and grant.decided_at is not None
-            and resumed_at > grant.decided_at + grant_ttl):
+    if grant_expired(s, grant, resumed_at):
         return expire(core.store, core.observer, grant, resumed_at)
     refused = check_args(validator, request.args)
     if refused is not None:

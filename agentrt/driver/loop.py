@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import copy
+from datetime import datetime, timedelta
 from typing import Any
 
 import apsw
@@ -657,6 +658,13 @@ def _end_with_policy(s: Session, end: StepEnd, event: bytes, policy_at: Any, ent
 # -- the tool ------------------------------------------------------------------
 
 
+def grant_expired(s: Session, grant: Approval, at: datetime) -> bool:
+    """Whether the run's grant TTL has passed at ``at`` since the grant was decided."""
+    assert s.run is not None
+    ttl = s.run.limits.grant_ttl
+    return ttl > timedelta(0) and grant.decided_at is not None and at > grant.decided_at + ttl
+
+
 def execute(s: Session, step: Step, expected: tuple[str, ...], request: ToolRequest,
             event: bytes, policy_at: Any, entry: SpecEntry, grant: Approval | None) -> Run | None:
     """Commit the ruling with the tool's start, run the tool, record what came of it.
@@ -664,6 +672,12 @@ def execute(s: Session, step: Step, expected: tuple[str, ...], request: ToolRequ
     ``step`` is :func:`apply`'s own copy, which becomes the executing step."""
     core = s.core
     start_at = core.now() if grant is not None else policy_at
+    if grant is not None and grant_expired(s, grant, start_at):
+        # Spec 13: executing a grant judges its TTL again by the tool start's own
+        # reading; a policy asked again at resume may have taken past it.
+        from agentrt.driver.approvals import expire  # approvals imports this module
+
+        return expire(core.store, core.observer, grant, start_at)
     executing = step
     executing.status = EXECUTING[0]
     if grant is not None:
