@@ -156,7 +156,8 @@ def test_an_expired_lease_stops_the_loop_before_its_next_side_effect():
 
     d, store, _, _ = make(script=[call("write"), call("write"), Decision.complete()],
                           tools=[FuncTool("write", slow, timeout=5)], wall=wall)
-    with pytest.raises(LeaseLostError):
+    # Said as the lapse it is: the run still names this owner, nobody took it over.
+    with pytest.raises(LeaseLostError, match=r"run r: the lease expired at 2026-"):
         d.start("g", limits(), run_id="r")
     assert len(calls) == 1
     assert store.list_steps("r")[0].status == "done"  # the in-flight outcome is recorded
@@ -386,3 +387,43 @@ def test_a_second_start_of_a_run_id_being_started_says_another_call_drives_it():
 def test_a_lease_with_no_expiry_stored_is_said_as_such():
     assert str(RunLeasedError("r", "", None)) == (
         "agentrt: run r is leased by (no owner) with no expiry recorded")
+
+
+def test_a_refused_resume_writes_nothing_so_it_waits_for_no_writer(tmp_path):
+    """Refused on a live lease, a resume changes nothing: it must not release a lease
+    it never took, which needs the write lock and waited out the busy timeout
+    behind any other writer."""
+    import apsw
+
+    from agentrt.driver import DefaultPolicy, Driver
+    from agentrt.testing import ScriptedAgent
+
+    db = str(tmp_path / "runs.db")
+    entered, release = threading.Event(), threading.Event()
+
+    def hang(c):
+        entered.set()
+        release.wait(20)
+        return ToolResult(b"{}", "done")
+
+    tools = [FuncTool("write", hang, side_effect="local_mutation")]
+    owner = Driver(open_store(db), ScriptedAgent([Decision.tool_call("write", b"{}"),
+                                                  Decision.complete()]),
+                   DefaultPolicy(), tools, lease_owner="owner")
+    running = threading.Thread(target=lambda: owner.start("g", run_id="r"), daemon=True)
+    running.start()
+    assert entered.wait(10)
+    other = Driver(open_store(db), ScriptedAgent([]), DefaultPolicy(), tools,
+                   lease_owner="other")
+    writer = apsw.Connection(db)
+    writer.execute("BEGIN IMMEDIATE")  # another consumer's transaction
+    try:
+        began = time.monotonic()
+        with pytest.raises(RunLeasedError):
+            other.resume("r")
+        took = time.monotonic() - began
+    finally:
+        writer.execute("ROLLBACK")
+        release.set()
+        running.join(10)
+    assert took < 1.0

@@ -262,6 +262,7 @@ class Driver:
                   started_at=now)
         limits_json = dumps(limits.to_json())
         with s.tx() as tx:
+            s.lease.taking()
             try:
                 insert_run(tx, run, limits_json, core.owner, wall_at + core.lease_ttl)
             except apsw.TooBigError as exc:

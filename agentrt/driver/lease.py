@@ -58,6 +58,7 @@ class Lease:
         self._lock = threading.Lock()
         self._expires: datetime | None = None
         self._lost = False
+        self._taken = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -117,8 +118,15 @@ class Lease:
             thread.join()
         self._thread = None
 
+    def taking(self) -> None:
+        """Note that a write giving this owner the lease is about to commit: from
+        here on :meth:`release` may have something to free."""
+        self._taken = True
+
     def release(self) -> None:
         """Free the run for the next Resume at once, if this owner still holds it."""
+        if not self._taken:
+            return  # this call never wrote the lease (a refused resume): nothing to free
         try:
             with self.store.lease_connection() as conn:
                 release_lease(conn, self.run_id, self.owner)

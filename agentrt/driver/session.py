@@ -68,7 +68,7 @@ from agentrt.store.writes import (
     transition,
     update_step,
 )
-from agentrt.timefmt import format_time, parse_time
+from agentrt.timefmt import format_time, format_time_nano, parse_time
 
 __all__ = [
     "ACTIVE",
@@ -531,6 +531,11 @@ class Session:
             raise exc
         if isinstance(exc, RunLeasedError):
             raise LeaseLostError(exc.detail) from exc
+        if (run.status == RunStatus.RUNNING and run.lease_owner == self.core.owner
+                and run.lease_expires_at is not None):
+            # still ours by name: it lapsed (a frozen process, a starved heartbeat)
+            raise LeaseLostError(f"run {self.run_id}: the lease expired at "
+                                 f"{format_time_nano(run.lease_expires_at)}") from exc
         raise LeaseLostError(
             f"run {self.run_id} is {run.status}, and the lease of {self.core.owner} is no "
             "longer held") from exc
