@@ -474,3 +474,37 @@ def test_the_reconcilers_view_is_not_rewritten_by_the_pause(crashed):
     c.resumer([None], reconcile=reconcile).resume("r")
     assert c.store.list_steps("r")[0].status == "awaiting_approval"
     assert kept[0].steps[0].status == "interrupted"
+
+
+def test_a_resume_refused_at_its_takeover_releases_nothing(monkeypatch):
+    """Another resumer took the run over between this one's lease read and its
+    takeover transaction: refused, this one took no lease, so it releases none
+    (a write that would wait out the busy timeout behind any other writer)."""
+    from datetime import UTC, datetime
+
+    from agentrt.driver import DefaultPolicy
+    from agentrt.driver import lease as lease_module
+
+    c = Crashed()
+    other = c.resumer([None])
+    raced: list = []
+
+    def now():
+        if not raced:  # this resumer has read the expired lease; the other goes first
+            raced.append(other.resume("r").status)
+        return datetime.now(UTC)
+
+    released: list = []
+    real = lease_module.release_lease
+
+    def release(conn, run_id, owner):
+        released.append(owner)
+        return real(conn, run_id, owner)
+
+    monkeypatch.setattr(lease_module, "release_lease", release)
+    slow = Driver(c.store, ScriptedAgent([None]), DefaultPolicy(), [], wall=c.wall,
+                  lease_owner="slow", lease_ttl=60, now=now)
+    with pytest.raises(RunStateError):
+        slow.resume("r")
+    c.finish()
+    assert raced and "slow" not in [owner.split("/")[0] for owner in released]

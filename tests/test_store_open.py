@@ -350,18 +350,19 @@ def test_a_column_renamed_in_another_case_is_not_missing(tmp_path):
         open_it().close()
 
 
-@pytest.mark.parametrize("seq", ["seq INTEGER PRIMARY KEY DESC", "seq INTEGER"],
-                         ids=["key-in-an-index", "no-key"])
+@pytest.mark.parametrize("seq", ["seq INTEGER PRIMARY KEY DESC", "seq INTEGER", ""],
+                         ids=["key-in-an-index", "no-key", "no-seq"])
 def test_an_older_file_whose_events_seq_is_not_the_rowid_is_refused_before_migrating(
         tmp_path, seq):
     """Migration 6 chains the events, reading long payloads by seq as the rowid:
     run on such a table it would commit hashes of other rows' payloads."""
     path = str(tmp_path / "old.db")
     conn = build_old_database(path, 5)
-    conn.execute(f"ALTER TABLE events RENAME TO old; CREATE TABLE events ({seq}, "
+    columns = ("seq, " if seq else "") + "run_id, step_id, at, type, payload_json"
+    conn.execute(f"ALTER TABLE events RENAME TO old; CREATE TABLE events ({seq}{', ' * bool(seq)}"
                  "run_id TEXT NOT NULL, step_id TEXT NOT NULL DEFAULT '', at TEXT "
                  "NOT NULL, type TEXT NOT NULL, payload_json TEXT NOT NULL); "
-                 "INSERT INTO events SELECT * FROM old; DROP TABLE old")
+                 f"INSERT INTO events ({columns}) SELECT {columns} FROM old; DROP TABLE old")
     conn.close()
     before = file_state(path)
     with pytest.raises(StoreOpenError, match="has a table events whose seq is not its INTEGER"):

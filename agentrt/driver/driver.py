@@ -262,13 +262,13 @@ class Driver:
                   started_at=now)
         limits_json = dumps(limits.to_json())
         with s.tx() as tx:
-            s.lease.taking()
             try:
                 insert_run(tx, run, limits_json, core.owner, wall_at + core.lease_ttl)
             except apsw.TooBigError as exc:
                 raise ConfigError(_too_big_start(s, goal, entries, exc)) from None
             except apsw.ConstraintError as exc:
                 raise ConfigError(f"start run: {exc}") from exc
+            s.lease.taking()  # an id already used took nothing: its lease is not ours
             try:
                 for _, spec_hash, text in entries:
                     s.put_spec(tx, spec_hash, text)

@@ -633,9 +633,9 @@ def resume_run(s: Session, grant: Approval, resumed_at: Any, wall_at: Any, tx: A
     approval, the run WAITING as before) would otherwise act on a replaced
     grant, and run the tool a second time that no one approved."""
     require_latest(tx, grant, ApprovalStatus.APPROVED.value)
-    s.lease.taking()
     transition(tx, s.run_id, WAITING, RunStatus.RUNNING.value, lease_owner=s.core.owner,
                lease_expires=wall_at + s.core.lease_ttl)
+    s.lease.taking()  # the compare-and-set above refuses a concurrent resume's loser first
     s.append(tx, grant.step_id, resumed_at, EventType.RUN_RESUMED, {"approval_id": grant.id})
 
 

@@ -106,9 +106,9 @@ def recover(s: Session) -> Run | None:
     if executing is None and s.steps and _was_executing(s.steps[-1]):
         executing = s.steps[-1]
     with s.tx() as tx:
-        s.lease.taking()
         prev_owner, prev_expires = take_lease(tx, s.run_id, core.owner, wall_now + core.lease_ttl,
                                               wall_now)
+        s.lease.taking()  # written, not yet committed: a refusal above took nothing
         if prev_owner and (prev_owner != core.owner or prev_expires is None
                            or prev_expires <= wall_now):
             s.append(tx, "", now, EventType.LEASE_TAKEN_OVER, sorted_map({

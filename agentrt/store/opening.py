@@ -281,10 +281,10 @@ def _pk_is_not_the_rowid(conn: apsw.Connection, table: str) -> bool:
 
 def _events_seq_is_not_the_rowid(conn: apsw.Connection) -> bool:
     """Whether ``events.seq`` is not the table's rowid: not its one INTEGER PRIMARY
-    KEY (no key at all, another type, or a key SQLite keeps in an index)."""
+    KEY (no such column, no key at all, another type, or a key SQLite keeps in an index)."""
     seq = {_folded(r[1]): r for r in conn.execute("PRAGMA table_info(events)")}.get("seq")
-    return seq is not None and (seq[5] != 1 or str(seq[2]).upper() != "INTEGER"
-                                or _pk_is_not_the_rowid(conn, "events"))
+    return (seq is None or seq[5] != 1 or str(seq[2]).upper() != "INTEGER"
+            or _pk_is_not_the_rowid(conn, "events"))
 
 
 def refuse_foreign_shape(conn: apsw.Connection, path: str) -> None:
