@@ -240,9 +240,8 @@ def run_header(s: RunSummary, lease: str | None = None) -> list[str]:
         status += f" ({_field(s.reason)})"
     if s.reason_detail:
         status += f": {_field(s.reason_detail)}"
-    stamps = f"created {local_stamp(s.created_at)}"
-    if s.finished_at is not None and s.finished_at != ZERO_TIME:
-        stamps += f"  finished {local_stamp(s.finished_at)}"
+    # Both stamps always, as spec 15 pins the line: a run not finished shows ``-``.
+    stamps = f"created {local_stamp(s.created_at)}  finished {local_stamp(s.finished_at)}"
     lines = [
         f"run     {_field(s.id)}",
         f"goal    {_field(s.goal)}",

@@ -153,9 +153,10 @@ def test_show_puts_the_waiting_approval_in_front(ops):
         "goal    deploy the service to staging",
         "status  WAITING_FOR_APPROVAL",
         "steps   3",
-        f"created {local_stamp(ops.kit.store.get_run(ops.waiting).created_at)}",
+        f"created {local_stamp(ops.kit.store.get_run(ops.waiting).created_at)}  finished -",
     ]
-    assert lines[4] == "created 2026-10-01 09:00:02 +0000"  # the zone is UTC here
+    # The zone is UTC here; a run not finished shows "-", as spec 15 pins the line.
+    assert lines[4] == "created 2026-10-01 09:00:02 +0000  finished -"
     assert out.index("APPROVAL WAITING") < out.index("STEP  ")
     block = out[out.index("APPROVAL WAITING"):out.index("----- end of approval")]
     assert f"APPROVAL WAITING  {ops.approval}" in block

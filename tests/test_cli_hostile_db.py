@@ -464,3 +464,23 @@ def test_a_run_with_100k_events_and_steps_is_read_a_page_at_a_time_with_a_note(t
     assert (len(doc["steps"]), doc["steps_total"], doc["steps_truncated"]) == (500, 100_000, True)
     checked = invoke("--db", path, "verify")
     assert checked.code == 0 and "intact: 100000 event(s)" in checked.stdout
+
+
+@pytest.mark.parametrize("args", [["show"], ["show", "--json"],
+                                  ["approve", "--yes", "--by", "bob"]],
+                         ids=["show", "show-json", "approve"])
+def test_an_approval_nested_too_deep_to_bound_is_shown_or_decided_without_a_traceback(
+        tmp_path, args):
+    kit = Kit(str(tmp_path / "deep.db"))
+    try:
+        run = kit.waiting()
+    finally:
+        kit.close()
+    conn = apsw.Connection(kit.path)
+    conn.execute("UPDATE approvals SET presentation_json = ?",
+                 ('{"x":' + "[" * 600 + '"' + "y" * 3000 + '"' + "]" * 600 + "}",))
+    conn.close()
+    result = invoke("--db", kit.path, args[0], run.id, *args[1:])
+    # Shown; approving it is refused in one sentence, its hash no longer matching.
+    assert result.code == (1 if args[0] == "approve" else 0), result.stderr
+    assert "Traceback" not in result.stderr and result.stderr.count("\n") <= 1

@@ -367,6 +367,31 @@ def test_check_chain_finds_a_cut_tail_only_with_a_kept_head(kit):
         f"event checked is seq {head_seq - 2}"]
 
 
+def test_check_chain_says_a_kept_head_missing_from_the_middle_was_removed(kit):
+    """Not "removed from the end": the newest event is later than the one kept."""
+    kit.completed()
+    kit.waiting()
+    head_seq, _ = kit.store.chain_head()
+    kept_hash = kit.store.event_hash(5)
+    with kit.store.tx() as tx:
+        tx.execute("DELETE FROM events WHERE seq = 5")
+    check = view.check_chain(kit.store, kept=(5, kept_hash))
+    assert (f"the event chain does not match the head kept: seq 5 is not in the database, "
+            f"though the newest event is seq {head_seq}: it was removed") in check.problems
+    with kit.store.tx() as tx:
+        tx.execute("DELETE FROM events")
+    check = view.check_chain(kit.store, kept=(5, kept_hash))
+    assert check.problems == ["the event chain does not match the head kept: seq 5 is not "
+                              "in the database, which holds no events"]
+
+
+def test_bounded_json_nested_too_deep_to_walk_is_shown_as_stored():
+    """Deeper than Python's recursion allows the bounding walk (but JSON all the
+    same, up to 1024 levels): the stored text, never a RecursionError."""
+    raw = ("[" * 600 + '"' + "x" * 3000 + '"' + "]" * 600).encode()
+    assert view.bound_raw(raw) == raw
+
+
 def test_check_chain_reports_an_altered_event(kit):
     kit.waiting()
     with kit.store.tx() as tx:

@@ -121,10 +121,10 @@ def bound_raw(raw: bytes) -> bytes:
         return raw
     try:
         value = _DECODER.decode(raw.decode("utf-8"))
-    except (ValueError, RecursionError):
-        return raw
-    bounded = bound_value(value)
-    if bounded == value:
+        bounded = bound_value(value)
+        if bounded == value:
+            return raw
+    except (ValueError, RecursionError):  # not JSON, or nested too deep to walk here
         return raw
     try:
         return dumps(bounded, html=False)

@@ -55,9 +55,14 @@ class ChainCheck:
                 f"reached; the last event checked is seq {self.last_seq}")
         kept = self.kept
         if kept is not None and not kept.matches:
-            if not kept.found:
+            if not kept.found and self.head_seq == 0:
+                why = f"seq {kept.seq} is not in the database, which holds no events"
+            elif not kept.found and kept.seq > self.head_seq:
                 why = (f"seq {kept.seq} is not in the database; the newest event is seq "
                        f"{self.head_seq}, so events were removed from the end")
+            elif not kept.found:
+                why = (f"seq {kept.seq} is not in the database, though the newest event is "
+                       f"seq {self.head_seq}: it was removed")
             else:
                 why = f"seq {kept.seq} has hash {kept.found}, not the kept {kept.hash}"
             out.append(f"the event chain does not match the head kept: {why}")
