@@ -27,6 +27,7 @@ __all__ = [
     "check_json",
     "content_hash",
     "content_key",
+    "keys_and_floats",
     "policy_json",
 ]
 
@@ -118,7 +119,7 @@ def _decode_first(data: bytes) -> tuple[bool, Any]:
 _LEAVES = frozenset((str, int, bool, type(None)))
 
 
-def _keys_and_floats(value: Any) -> tuple[int, bool]:
+def keys_and_floats(value: Any) -> tuple[int, bool]:
     """(how many object members ``value`` holds, whether it holds a float)."""
     if type(value) is dict:  # a flat object, the usual arguments or result, first
         for v in value.values():
@@ -161,7 +162,7 @@ def _fast_canonical(data: bytes, html: bool) -> bytes | None:
         value = orjson.loads(data)
     except orjson.JSONDecodeError:
         return None
-    if _keys_and_floats(value)[1]:
+    if keys_and_floats(value)[1]:
         return None
     return add_go_escapes(orjson.dumps(value, option=orjson.OPT_SORT_KEYS), html)
 
@@ -210,7 +211,7 @@ def _usable_value(data: bytes) -> tuple[Any, bool] | None:
         value = orjson.loads(data)
     except orjson.JSONDecodeError:
         return None
-    keys, floats = _keys_and_floats(value)
+    keys, floats = keys_and_floats(value)
     colons = data.count(b":")
     if colons != keys and (data.find(b"\\u") >= 0
                            or colons - _string_colons(value) != keys):
@@ -286,7 +287,10 @@ def content_key(data: bytes) -> bytes:
 
 
 # A string literal (possibly cut short by the end of input), or one bracket.
-_STRING_OR_BRACKET = re.compile(rb'"(?:[^"\\]|\\.|\\\Z)*(?:"|\Z)|[\[\]{}]', re.DOTALL)
+# Unrolled and possessive, as gojson.STRING_PATTERN: the textbook alternation keeps
+# backtracking state per byte of a string (about 115 bytes of memory per byte).
+_STRING_OR_BRACKET = re.compile(
+    rb'"[^"\\]*+(?:\\.[^"\\]*+)*+(?:\\\Z)?(?:"|\Z)|[\[\]{}]', re.DOTALL)
 _OPEN = frozenset(b"[{")
 
 
@@ -334,8 +338,11 @@ class _Findings:
         obj: dict[str, Any] = {}
         for k, v in pairs:
             self.string(k)
-            if k in obj and self.duplicate is None:
-                self.duplicate = k
+            if k in obj:
+                if self.duplicate is None:
+                    self.duplicate = k
+                # An overwritten value's strings still come before a duplicate (4.2).
+                _walk_strings(obj[k], self)
             obj[k] = v
         return obj
 

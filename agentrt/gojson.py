@@ -119,7 +119,9 @@ def is_valid(data: bytes) -> bool:
     # orjson refuses some valid inputs (numbers out of its range); ask the
     # stdlib decoder, which keeps such literals, before saying no.
     try:
-        json.loads(data, parse_constant=_reject_constant, parse_float=str, parse_int=str)
+        # Decoded as UTF-8 first: given bytes, json.loads guesses UTF-16 or -32 too.
+        json.loads(data.decode("utf-8"), parse_constant=_reject_constant, parse_float=str,
+                   parse_int=str)
         return True
     except (ValueError, UnicodeDecodeError, RecursionError):
         return False

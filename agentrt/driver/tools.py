@@ -24,7 +24,7 @@ import referencing.jsonschema
 from jsonschema.exceptions import SchemaError, best_match
 from referencing._core import Resolver
 
-from agentrt.canonical import check_json
+from agentrt.canonical import check_json, keys_and_floats
 from agentrt.driver.cancel import CancelToken
 from agentrt.driver.checks import check_callable, check_method, check_text, wait_duration
 from agentrt.driver.errors import ConfigError
@@ -167,10 +167,17 @@ def _decode_schema(data: bytes) -> Any:
         p = _number_problem(text)
         if p is not None and not found:
             found.append(p)
-        return float(text) if any(c in text for c in ".eE") else int(text)
+        try:
+            return float(text) if any(c in text for c in ".eE") else int(text)
+        except ValueError:  # past Python's 4,300-digit bound (docs/compatibility.md)
+            if not found:
+                found.append(f"number {text[:24]}... of {len(text)} digits, more than "
+                             "Python converts (4300)")
+            return 0
 
     try:
-        value = json.loads(data, parse_int=number, parse_float=number)
+        # UTF-8 only: given bytes, json.loads would guess UTF-16 or -32 as well.
+        value = json.loads(data.decode("utf-8"), parse_int=number, parse_float=number)
     except (ValueError, RecursionError) as exc:
         raise ValueError("input schema is not valid JSON") from exc
     if found:
@@ -257,10 +264,14 @@ def compile_schema(data: bytes) -> jsonschema.protocols.Validator:
 
 
 def _instance(args: bytes) -> Any:
+    """The arguments as the schema sees them: every integer exact."""
     try:
-        return orjson.loads(args)
+        value = orjson.loads(args)
     except orjson.JSONDecodeError:
         return json.loads(args)  # numbers orjson will not hold
+    if keys_and_floats(value)[1]:  # perhaps an integer past 64 bits that orjson rounded
+        return json.loads(args)
+    return value
 
 
 _ANY_OBJECT = {"type": "object"}
