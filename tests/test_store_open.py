@@ -370,6 +370,17 @@ def test_an_older_file_whose_events_seq_is_not_the_rowid_is_refused_before_migra
     assert file_state(path) == before
 
 
+def test_an_older_file_without_an_events_table_is_refused_as_such_before_migrating(tmp_path):
+    path = str(tmp_path / "old.db")
+    conn = build_old_database(path, 5)
+    conn.execute("DROP TABLE events")
+    conn.close()
+    before = file_state(path)
+    with pytest.raises(StoreOpenError, match=r"old\.db has no table events, so it is not"):
+        open_store(path).close()
+    assert file_state(path) == before
+
+
 def test_an_older_file_whose_table_another_program_rebuilt_is_refused_once_migrated(tmp_path):
     """Its shape is the runtime's only once its migrations ran, so it is checked then;
     before, such a file was migrated, accepted, and failed its page reads."""

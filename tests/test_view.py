@@ -385,6 +385,18 @@ def test_check_chain_says_a_kept_head_missing_from_the_middle_was_removed(kit):
                               "in the database, which holds no events"]
 
 
+def test_check_chain_says_a_kept_head_whose_hash_was_blanked_is_there_without_it(kit):
+    """Present with no hash is not "not in the database" (tampering with the hash
+    column is what a kept head is for)."""
+    kit.waiting()
+    head_seq, head_hash = kit.store.chain_head()
+    with kit.store.tx() as tx:
+        tx.execute("UPDATE events SET hash = '' WHERE seq = ?", (head_seq,))
+    check = view.check_chain(kit.store, kept=(head_seq, head_hash))
+    assert (f"the event chain does not match the head kept: seq {head_seq} has hash "
+            f"(none stored), not the kept {head_hash}") in check.problems
+
+
 def test_bounded_json_nested_too_deep_to_walk_is_shown_as_stored():
     """Deeper than Python's recursion allows the bounding walk (but JSON all the
     same, up to 1024 levels): the stored text, never a RecursionError."""

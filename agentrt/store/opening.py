@@ -282,7 +282,10 @@ def _pk_is_not_the_rowid(conn: apsw.Connection, table: str) -> bool:
 def _events_seq_is_not_the_rowid(conn: apsw.Connection) -> bool:
     """Whether ``events.seq`` is not the table's rowid: not its one INTEGER PRIMARY
     KEY (no such column, no key at all, another type, or a key SQLite keeps in an index)."""
-    seq = {_folded(r[1]): r for r in conn.execute("PRAGMA table_info(events)")}.get("seq")
+    columns = {_folded(r[1]): r for r in conn.execute("PRAGMA table_info(events)")}
+    if not columns:
+        return False  # no table at all: the caller says so, not "its seq"
+    seq = columns.get("seq")
     return (seq is None or seq[5] != 1 or str(seq[2]).upper() != "INTEGER"
             or _pk_is_not_the_rowid(conn, "events"))
 
@@ -310,9 +313,13 @@ def refuse_foreign_shape(conn: apsw.Connection, path: str) -> None:
             detail = f"has a table {table} whose column rowid hides its rowid"
         else:
             continue
-        raise StoreOpenError(
-            f"{path} {detail}, so it is not the agentrt schema its version says: another "
-            "program changed it; open a backup, or a copy agentrt made")
+        raise _foreign_shape(path, detail)
+
+
+def _foreign_shape(path: str, detail: str) -> StoreOpenError:
+    return StoreOpenError(
+        f"{path} {detail}, so it is not the agentrt schema its version says: another "
+        "program changed it; open a backup, or a copy agentrt made")
 
 
 def _stat(path: str, how: Callable[[str], os.stat_result]) -> os.stat_result:
@@ -555,13 +562,14 @@ def open_writer(path: str) -> tuple[apsw.Connection, apsw.Connection]:
         version = refuse_newer(conn, path)
         if version == SCHEMA_VERSION:
             refuse_foreign_shape(conn, path)  # before anything is written
-        if 0 < version < SCHEMA_VERSION and _events_seq_is_not_the_rowid(conn):
-            # Migration 6 would chain the events reading long values by seq as the
-            # rowid, and commit hashes of other rows, before the check below.
-            raise StoreOpenError(
-                f"{path} has a table events whose seq is not its INTEGER PRIMARY KEY, so "
-                "it is not the agentrt schema its version says: another program changed "
-                "it; open a backup, or a copy agentrt made")
+        if 0 < version < SCHEMA_VERSION:
+            # Migration 6 chains the events, reading long values by seq as the rowid:
+            # refused before it runs, it commits no hashes of other rows.
+            if not list(conn.execute("PRAGMA table_info(events)")):
+                raise _foreign_shape(path, "has no table events")
+            if _events_seq_is_not_the_rowid(conn):
+                raise _foreign_shape(
+                    path, "has a table events whose seq is not its INTEGER PRIMARY KEY")
         switch_to_wal(conn, path)
         migrate(conn, path)
         if 0 < version < SCHEMA_VERSION:

@@ -26,6 +26,8 @@ class KeptHead:
     #: The stored hash at ``seq`` now, '' when there is no such event.
     found: str
     matches: bool
+    #: Whether an event with this seq is stored at all (its hash may be blank).
+    present: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,16 +57,17 @@ class ChainCheck:
                 f"reached; the last event checked is seq {self.last_seq}")
         kept = self.kept
         if kept is not None and not kept.matches:
-            if not kept.found and self.head_seq == 0:
+            if not kept.present and self.head_seq == 0:
                 why = f"seq {kept.seq} is not in the database, which holds no events"
-            elif not kept.found and kept.seq > self.head_seq:
+            elif not kept.present and kept.seq > self.head_seq:
                 why = (f"seq {kept.seq} is not in the database; the newest event is seq "
                        f"{self.head_seq}, so events were removed from the end")
-            elif not kept.found:
+            elif not kept.present:
                 why = (f"seq {kept.seq} is not in the database, though the newest event is "
                        f"seq {self.head_seq}: it was removed")
             else:
-                why = f"seq {kept.seq} has hash {kept.found}, not the kept {kept.hash}"
+                why = (f"seq {kept.seq} has hash {kept.found or '(none stored)'}, "
+                       f"not the kept {kept.hash}")
             out.append(f"the event chain does not match the head kept: {why}")
         return out
 
@@ -93,10 +96,10 @@ def check_chain(store: Store, from_seq: int = 0, to_seq: int = 0,
     if kept is not None:
         seq, want = kept
         try:
-            found = store.event_hash(seq)
+            found, present = store.event_hash(seq), True
         except NotFoundError:
-            found = ""
-        kept_head = KeptHead(seq, want, found, bool(found) and found == want)
+            found, present = "", False
+        kept_head = KeptHead(seq, want, found, bool(found) and found == want, present)
     return ChainCheck(
         head_seq=head_seq,
         head_hash=head_hash,
