@@ -220,12 +220,17 @@ def _compacted(payload: bytes) -> bytes:
     return b'"'.join(parts)
 
 
+#: What Go's unicode.IsSpace calls space (bytes.TrimSpace trims it).
+_GO_SPACE = (" \t\n\v\f\r\x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B)))
+             + "\u2028\u2029\u202f\u205f\u3000")
+
+
 def _unparsed(payload: bytes) -> bytes:
     """What to embed for a payload orjson refused: ``{}`` when it is blank,
     the payload when the strict check finds it is JSON after all, else the
     payload as a string followed by the ``invalid_payload`` flag."""
-    if not payload.strip():  # blank as Go's TrimSpace sees it (\v and \f too)
-        return b"{}"
+    if not payload.strip() or not payload.decode("utf-8", "surrogateescape").strip(_GO_SPACE):
+        return b"{}"  # blank as Go's bytes.TrimSpace sees it: \v, \f, U+00A0, U+3000 too
     if _is_json_slow(payload):
         return _compacted(payload)
     text = payload.decode("utf-8", "surrogateescape")  # one U+FFFD per bad byte, as Go
@@ -510,6 +515,9 @@ class LineWriter:
                 fd = self._nonblocking_fd() if self._wait else None
                 if fd is not None:
                     self._write_waiting(fd, line.encode("utf-8") if isinstance(line, str) else line)
+                elif (direct := self._direct_fd()) is not None:
+                    self._write_fd(direct, line.encode("utf-8") if isinstance(line, str) else line)
+                    return
                 elif self._text:
                     self._stream.write(line.decode("utf-8") if isinstance(line, bytes) else line)
                 else:
@@ -519,6 +527,33 @@ class LineWriter:
             except Exception as exc:
                 self._err = exc
                 raise
+
+    def _direct_fd(self) -> int | None:
+        """With ``flush_each``, the descriptor under a file object of Python's own
+        (``open()``, ``sys.stdout``), its layers flushed first; else None. A line
+        written there leaves nothing buffered behind it, so after a failure (a
+        full disk) no stale record is left for the owner's ``close()`` to fail on."""
+        if not self._flush_each:
+            return None
+        stream = self._stream
+        inner = (stream._buffer if isinstance(stream, _UTF8UnderText)
+                 else getattr(stream, "buffer", stream))
+        if not isinstance(inner, (io.BufferedWriter, io.BufferedRandom, io.FileIO)):
+            return None
+        fd = _descriptor(stream)
+        if fd is None:
+            return None
+        stream.flush()
+        return fd
+
+    @staticmethod
+    def _write_fd(fd: int, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            if n == 0:
+                raise OSError("write took no bytes")
+            view = view[n:]
 
     def _nonblocking_fd(self) -> int | None:
         """The stream's descriptor when it is non-blocking, else None. Asked at

@@ -548,3 +548,61 @@ def test_observers_flush_each_line():
     buffered = io.BufferedWriter(raw, buffer_size=1 << 16)
     jsonl(buffered)(event())
     assert raw.getvalue() == jsonl_record(event())
+
+
+def _run_python(code: str) -> tuple[int, str, str]:
+    import subprocess
+    import sys
+    import textwrap
+
+    from eventdb import REPO_ROOT, child_env
+
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, cwd=REPO_ROOT, env=child_env(), timeout=60, check=False)
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_a_trace_file_on_a_full_disk_leaves_nothing_for_its_owners_close_to_fail_on():
+    """The observer swallows the failure (the trace ends quietly, as the reference's
+    does); the line must not stay in the file object's buffer, where the owner's own
+    close() would raise it as a traceback."""
+    code, out, err = _run_python("""
+        from agentrt import trace
+        from agentrt.events import Event
+        with open("/dev/full", "ab") as f:
+            observe, failure = trace.jsonl_with_err(f)
+            observe(Event(1, "r", "", "2026-01-01T00:00:00Z", "run.created", b"{}"))
+            assert failure() is not None
+        print("closed")
+    """)
+    assert (code, out, err) == (0, "closed\n", "")
+
+
+def test_an_aligned_trace_file_past_the_size_limit_leaves_nothing_for_close(tmp_path):
+    code, out, err = _run_python(f"""
+        import resource, signal
+        from agentrt import trace
+        from agentrt.events import Event
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100, resource.RLIM_INFINITY))
+        with open({str(tmp_path / "trace.log")!r}, "a") as f:
+            observe, failure = trace.writer_with_err(f)
+            for i in range(1, 4):
+                observe(Event(i, "r", "", "2026-01-01T00:00:00Z", "step.decided",
+                              b'{{"x":"' + b"a" * 60 + b'"}}'))
+            assert failure() is not None
+        print("closed")
+    """)
+    assert (code, out, err) == (0, "closed\n", "")
+
+
+@pytest.mark.parametrize("space", ["\u00a0", "\u3000", " \u0085 ", "\u2028", "\u2000\u200a"])
+def test_a_payload_of_unicode_white_space_only_is_blank_as_gos_trimspace_sees_it(space):
+    record = jsonl_record(Event(1, "r", "", "2026-01-01T00:00:00Z", "t", space.encode()))
+    assert record.endswith(b'"payload":{}}\n')
+
+
+@pytest.mark.parametrize("text", ["\x1c", "\u00a0x"])
+def test_a_payload_go_does_not_trim_to_nothing_is_still_flagged(text):
+    record = jsonl_record(Event(1, "r", "", "2026-01-01T00:00:00Z", "t", text.encode()))
+    assert record.endswith(b',"invalid_payload":true}\n')
