@@ -397,11 +397,19 @@ def test_check_chain_says_a_kept_head_whose_hash_was_blanked_is_there_without_it
             f"(none stored), not the kept {head_hash}") in check.problems
 
 
-def test_bounded_json_nested_too_deep_to_walk_is_shown_as_stored():
+def test_json_nested_too_deep_to_walk_still_has_its_long_strings_bounded():
     """Deeper than Python's recursion allows the bounding walk (but JSON all the
-    same, up to 1024 levels): the stored text, never a RecursionError."""
-    raw = ("[" * 600 + '"' + "x" * 3000 + '"' + "]" * 600).encode()
-    assert view.bound_raw(raw) == raw
+    same, up to 1024 levels): never a RecursionError, and a long string in any
+    branch is still cut as the walk would cut it."""
+    deep = "[" * 600 + '"' + "y" * 3000 + '"' + "]" * 600
+    raw = ('{"a":"' + "x" * 60000 + '","b":' + deep + "}").encode()
+    shown = view.bound_raw(raw)
+    assert len(shown) < 4 * view.MAX_FIELD_BYTES + 2 * 600 + 100
+    assert shown.startswith(b'{"a":"xxx') and shown.endswith(b"]" * 600 + b"}")
+    import orjson  # reads 1024 levels, where the stdlib decoder gives up
+
+    value = orjson.loads(shown)
+    assert value["a"] == view.bound_string("x" * 60000)
 
 
 def test_check_chain_reports_an_altered_event(kit):

@@ -11,6 +11,7 @@ never touched: it binds what was recorded, not what was shown.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
@@ -111,6 +112,28 @@ _DECODER = json.JSONDecoder(parse_int=_literal, parse_float=_literal,
                             parse_constant=_reject_constant)
 
 
+#: A JSON string token (unrolled and possessive: no backtracking state per byte).
+_STRING_TOKEN = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"', re.DOTALL)
+
+
+def _bound_strings_in_text(raw: bytes) -> bytes:
+    """Every oversized string token of ``raw`` bounded in place, at any depth (keys
+    too, without the ``(#N)`` that keeps bounded keys apart in a walked value)."""
+
+    def one(match: re.Match[bytes]) -> bytes:
+        token = match.group()
+        if len(token) <= MAX_FIELD_BYTES:
+            return token
+        try:
+            text = json.loads(token)
+        except ValueError:
+            return token
+        bounded = bound_string(text)
+        return token if bounded == text else dumps(bounded, html=False)
+
+    return _STRING_TOKEN.sub(one, raw)
+
+
 def bound_raw(raw: bytes) -> bytes:
     """Raw JSON with its oversized strings bounded, re-encoded compactly.
 
@@ -124,7 +147,9 @@ def bound_raw(raw: bytes) -> bytes:
         bounded = bound_value(value)
         if bounded == value:
             return raw
-    except (ValueError, RecursionError):  # not JSON, or nested too deep to walk here
+    except RecursionError:  # nested deeper than the walk can go: bound its strings as text
+        return _bound_strings_in_text(raw)
+    except ValueError:  # not JSON
         return raw
     try:
         return dumps(bounded, html=False)
