@@ -63,7 +63,7 @@ from agentrt.store.writes import (
     finish_model_call,
     insert_model_call,
 )
-from agentrt.timefmt import format_duration
+from agentrt.timefmt import format_duration, format_time_nano
 
 __all__ = [
     "Message",
@@ -350,6 +350,15 @@ def _transient_retry_after(exc: TransientError) -> timedelta | None | str:
         return exception_text(bad)
 
 
+def _lease_gone(lease: Lease) -> str:
+    """Why a model call may not start: a lease that lapsed (a frozen process, a
+    starved heartbeat) is said to have expired, as the session says it."""
+    expires = lease.expires_at
+    if lease.lost or expires is None:
+        return "the lease is no longer held"
+    return f"the lease expired at {format_time_nano(expires)}"
+
+
 class ModelCaller:
     """The model as one step's agent sees it; safe to call from several threads."""
 
@@ -427,7 +436,7 @@ class ModelCaller:
             if self._cancel.done:  # cancelled, or the caller's deadline passed (its timer may lag)
                 raise CancelledError(self._cancel.reason)
             if not self._lease.ok():
-                raise LeaseLostError(f"run {self._run_id}: the lease is no longer held")
+                raise LeaseLostError(f"run {self._run_id}: {_lease_gone(self._lease)}")
             reservation = self._reserve(cap, estimate, estimate_cost)
             try:
                 outcome = self._attempt(attempt, request, estimate, estimate_cost, reservation)
