@@ -172,6 +172,11 @@ def test_the_callers_deadline_stops_the_wait_on_a_model_that_ignores_its_token()
     assert b"abandoned when its caller stopped (deadline exceeded)" in failed[0]
 
 
+def _asks_the_model_once(step: Any) -> Decision:
+    step.model.generate(ModelRequest(max_output_tokens=10))
+    return Decision.complete()
+
+
 class _Polite:
     """A model that gives up when its token is done, as the protocol asks."""
 
@@ -195,33 +200,15 @@ def test_the_callers_deadline_is_a_cancel_before_its_timer_fires(monkeypatch, ma
     """An adapter that honours its token gives up at the deadline, which can be
     before the timer cancelling the loop fires: the run is left for a resume,
     never failed as model_unavailable (spec 9: a caller's cancel is ambiguous)."""
-    def decide(step: Any) -> Decision:
-        step.model.generate(ModelRequest(max_output_tokens=10))
-        return Decision.complete()
-
     monkeypatch.setattr(threading, "Timer", _LateTimer)
     store = open_store(":memory:")
-    driver = Driver(store, AgentFunc(decide), DefaultPolicy(), [],
+    driver = Driver(store, AgentFunc(_asks_the_model_once), DefaultPolicy(), [],
                     model=ModelConfig(_Polite(), max_retries=max_retries,
                                       backoff=timedelta(milliseconds=1)))
     with pytest.raises(CancelledError):
         driver.start("g", limits(), run_id="r", cancel=CancelToken(timeout=0.2))
     assert store.get_run("r").status == RunStatus.RUNNING
     assert [c.status for c in store.list_model_calls("r")] == ["ambiguous"]
-
-
-class _Counted:
-    """Answers at once, counting the requests it served."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def name(self) -> str:
-        return "m"
-
-    def generate(self, request: Any, cancel: Any) -> ModelResponse:
-        self.calls += 1
-        return ModelResponse(text="ok", usage=Usage(100, 10))
 
 
 def test_no_attempt_is_dispatched_once_the_callers_deadline_passed(monkeypatch):
@@ -233,7 +220,7 @@ def test_no_attempt_is_dispatched_once_the_callers_deadline_passed(monkeypatch):
         return Decision.complete()
 
     monkeypatch.setattr(threading, "Timer", _LateTimer)
-    model = _Counted()
+    model = _Served()
     store = open_store(":memory:")
     driver = Driver(store, AgentFunc(decide), DefaultPolicy(), [], model=ModelConfig(model))
     with pytest.raises(CancelledError):
@@ -241,14 +228,18 @@ def test_no_attempt_is_dispatched_once_the_callers_deadline_passed(monkeypatch):
     assert store.list_model_calls("r") == [] and model.calls == 0
 
 
-class _SlowServed:
-    """Served after half a second, and charged for it."""
+class _Served:
+    """Served after ``delay`` seconds, and charged for it; counts what it served."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay, self.calls = delay, 0
 
     def name(self) -> str:
         return "m"
 
     def generate(self, request: Any, cancel: Any) -> ModelResponse:
-        time.sleep(0.5)
+        time.sleep(self.delay)
+        self.calls += 1
         return ModelResponse(text="ok", usage=Usage(100, 10))
 
 
@@ -257,13 +248,9 @@ def test_a_ctrl_c_during_a_model_call_charges_it_and_a_resume_counts_it() -> Non
     charged, not left dispatched and uncounted for a resume to exceed the limit."""
     import _thread
 
-    def decide(step: Any) -> Decision:
-        step.model.generate(ModelRequest(max_output_tokens=10))
-        return Decision.complete()
-
     store = open_store(":memory:")
-    driver = Driver(store, AgentFunc(decide), DefaultPolicy(), [],
-                    model=ModelConfig(_SlowServed()))
+    driver = Driver(store, AgentFunc(_asks_the_model_once), DefaultPolicy(), [],
+                    model=ModelConfig(_Served(0.5)))
     threading.Timer(0.2, _thread.interrupt_main).start()
     with pytest.raises(KeyboardInterrupt):
         driver.start("g", limits(max_model_calls=1), run_id="r")
@@ -329,13 +316,9 @@ def test_a_ctrl_c_is_what_the_caller_sees_even_when_the_clock_then_fails() -> No
         interrupted.set()
         _thread.interrupt_main()
 
-    def decide(step: Any) -> Decision:
-        step.model.generate(ModelRequest(max_output_tokens=10))
-        return Decision.complete()
-
     store = open_store(":memory:")
-    driver = Driver(store, AgentFunc(decide), DefaultPolicy(), [], now=now,
-                    model=ModelConfig(_SlowServed()))
+    driver = Driver(store, AgentFunc(_asks_the_model_once), DefaultPolicy(), [], now=now,
+                    model=ModelConfig(_Served(0.5)))
     threading.Timer(0.2, fire).start()
     with pytest.raises(KeyboardInterrupt):
         driver.start("g", limits(), run_id="r")
@@ -349,14 +332,10 @@ def test_a_model_thread_that_could_not_start_is_an_uncharged_error(monkeypatch) 
     def no_thread(fn: Any, timeout: Any, name: str, stop: Any = None) -> Any:
         raise RuntimeError("can't start new thread")
 
-    def decide(step: Any) -> Decision:
-        step.model.generate(ModelRequest(max_output_tokens=10))
-        return Decision.complete()
-
     monkeypatch.setattr(model_module, "call_in_thread", no_thread)
     store = open_store(":memory:")
-    driver = Driver(store, AgentFunc(decide), DefaultPolicy(), [],
-                    model=ModelConfig(_SlowServed()))
+    driver = Driver(store, AgentFunc(_asks_the_model_once), DefaultPolicy(), [],
+                    model=ModelConfig(_Served(0.5)))
     run = driver.start("g", limits(), run_id="r")
     assert (run.status, run.reason) == (RunStatus.FAILED, "agent_error")
     (call,) = store.list_model_calls("r")
