@@ -288,16 +288,20 @@ class Pages(Generic[T]):
     consumer adds meanwhile do not keep it going. A ``newest_first`` listing
     (runs) gets those rows on top, where they push every older row down: each
     page's own count says by how many, and the next page's offset moves down
-    as far, so no row is read twice and none is pushed out of reach.
+    as far, so no row is read twice and none is pushed out of reach. A listing
+    rows can leave (pending approvals) reads each page after the last row
+    shown, given ``after``, so a row that leaves meanwhile skips none.
     """
 
     def __init__(self, fetch: Callable[[int, int], tuple[list[T], int]], limit: int,
                  offset: int, first: tuple[list[T], int] | None = None, *,
-                 newest_first: bool = False) -> None:
+                 newest_first: bool = False,
+                 after: Callable[[int, T], list[T]] | None = None) -> None:
         self._fetch = fetch
         self.limit = limit
         self.offset = offset
         self._newest_first = newest_first
+        self._after = after
         self._first, self.total = first if first is not None else fetch(
             page_size(limit), offset)
         self.returned = 0
@@ -315,6 +319,9 @@ class Pages(Generic[T]):
             if (self.limit and self.returned >= self.limit) or at >= end:
                 return
             size = min(PAGE_SIZE, self.limit - self.returned) if self.limit else PAGE_SIZE
+            if self._after is not None:
+                items = self._after(size, items[-1])
+                continue
             items, now = self._fetch(size, at)
             for _ in range(_REREADS):
                 if not self._newest_first or now <= end:
@@ -509,7 +516,9 @@ def show(run_id: str, limit: int, offset: int, db: str | None, as_json: bool) ->
             pending = Pages(
                 lambda n, at: store.list_approvals_page(
                     run_id, ApprovalStatus.PENDING.value, n, at),
-                limit, offset, first=(page.pending, page.pending_total))
+                limit, offset, first=(page.pending, page.pending_total),
+                after=lambda n, last: store.list_approvals_page(
+                    run_id, ApprovalStatus.PENDING.value, n, 0, after_id=last.id)[0])
             blocks = pending.pages()
         for shown in blocks:
             reasons = store.approval_reasons(run_id, [a.id for a in shown])

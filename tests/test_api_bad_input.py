@@ -304,6 +304,12 @@ def test_a_lone_surrogate_id_is_looked_up_as_stored(store: Store) -> None:
     assert store.approval_reasons("x\ud800", ["a\udc00"]) == {"a\udc00": ""}
     assert store.approval_reason("x\ud800", "a\udc00") == ""
     assert len(store.list_events_after("x\ud800", 0, 10)) == 2
+    # Page reads count their total the same way (before: UnicodeEncodeError).
+    assert [a.id for a in store.list_approvals_page("x\ud800", "", 5, 0)[0]] == ["a\ufffd"]
+    assert store.list_approvals_page("x\ud800", "", 5, 0)[1] == 1
+    assert store.list_approvals_page("x\ud800", "", 5, 0, after_id="a\udc00") == ([], 1)
+    assert store.list_steps_page("x\ud800", 5, 0) == ([], 0)
+    assert store.list_events_page("x\ud800", 5, 0)[1] == 2
 
 
 @pytest.mark.parametrize("run_id", [None, 5, b"r"])

@@ -19,7 +19,7 @@ from agentrt import cli as cli_module
 from agentrt.gojson import dumps
 from agentrt.records import approval_hash
 from agentrt.render import local_stamp
-from agentrt.store import open_store, opening
+from agentrt.store import Store, open_store, opening
 from agentrt.trace import aligned_line, jsonl_record
 
 utc = pytest.fixture(autouse=True)(local_times_in_utc)
@@ -889,3 +889,37 @@ def test_a_decision_on_a_damaged_approval_names_the_column_and_changes_nothing(
     assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
     assert f"approval {ops.approval} does not decode: {named}" in result.stderr
     assert snapshot(ops.path) == before
+
+
+def test_show_pages_pending_approvals_after_the_last_shown_so_one_decided_meanwhile_skips_none(
+        ops, monkeypatch):
+    """With more pending approvals than a page, one decided between two reads
+    moves every later one up a place: read by offset, the next page would start
+    one too far and skip an approval nobody decided."""
+    monkeypatch.setattr(cli_module, "PAGE_SIZE", 3)
+    copy = ("INSERT INTO approvals (id, run_id, step_id, kind, capability_json, "
+            "presentation_json, request_json, hash, status, created_at) "
+            "SELECT ?, run_id, step_id, kind, capability_json, presentation_json, "
+            "request_json, hash, status, created_at FROM approvals WHERE id = ?")
+    names = [f"extra{i}" for i in range(6)]
+    with ops.kit.store.tx() as tx:
+        for name in names:
+            tx.execute(copy, (name, ops.approval))
+    shown_ids = [ops.approval, *names]
+    real = Store.list_approvals_page
+    reads = []
+
+    def decided_between_pages(self, run_id, status, limit, offset, **kw):
+        if offset or kw:  # a later page: the first was shown; its first one is decided
+            reads.append((offset, kw))
+            with ops.kit.store.tx() as tx:
+                tx.execute("UPDATE approvals SET status = 'approved' WHERE id = ?",
+                           (ops.approval,))
+        return real(self, run_id, status, limit, offset, **kw)
+
+    monkeypatch.setattr(Store, "list_approvals_page", decided_between_pages)
+    out = run(ops, "show", ops.waiting).stdout
+    listed = [line.split()[2] for line in out.splitlines()
+              if line.startswith("APPROVAL WAITING ")]
+    assert listed == shown_ids
+    assert reads == [(0, {"after_id": "extra1"}), (0, {"after_id": "extra4"})]

@@ -534,3 +534,27 @@ def test_json_columns_stored_as_blobs_read_like_text(store):
     for events in (store.list_events_after("", 0, 10), store.list_events_page("r", 10, 0)[0]):
         assert events[0].payload == b'{"approval_id":"ap","reason":"because"}'
         assert json.loads(events[1].payload)["length"] == N + 10 + len('{"content":""}')
+
+
+def test_approvals_page_after_an_approval_starts_after_it_whatever_left_the_status(store):
+    with store.tx() as tx:
+        insert_run(tx, "r")
+        insert_step(tx, "s0", "r", 0)
+        for name in ("a", "b", "c", "d"):
+            insert_approval(tx, name, "r", "s0")
+        insert_run(tx, "other")
+        insert_approval(tx, "x", "other", "s0")
+    with store.tx() as tx:
+        tx.execute("UPDATE approvals SET status = 'approved' WHERE id IN ('a', 'b')")
+    # Keyed on an approval that is no longer pending, the page still starts after it.
+    assert store.list_approvals_page("r", "pending", 10, 0, after_id="b") == (
+        store.list_approvals_page("r", "pending", 10, 0)[0], 2)
+    assert [a.id for a in store.list_approvals_page("r", "", 1, 0, after_id="a")[0]] == ["b"]
+    assert [a.id for a in store.list_approvals_page("r", "", 5, 1, after_id="a")[0]] == [
+        "c", "d"]
+    assert store.list_approvals_page("r", "", 5, 0, after_id="d") == ([], 4)
+    assert store.list_approvals_page("r", "", 5, 0, after_id="no such") == ([], 4)
+    with pytest.raises(PageError) as info:
+        store.list_approvals_page("r", "", 5, 0, after_id=7)  # type: ignore[arg-type]
+    assert str(info.value) == ("agentrt: list approvals: after_id is an int (7), not a str: "
+                               "name the last approval read, or '' for the first page")

@@ -21,6 +21,7 @@ import apsw
 
 from agentrt.errors import AgentrtError, described
 from agentrt.events import Event
+from agentrt.gojson import replace_lone_surrogates
 from agentrt.records import MAX_PAGE_TEXT, Approval, Run, Step
 from agentrt.store.bigcells import json_cut, read_cut, text_cut
 from agentrt.store.rows import (
@@ -240,7 +241,11 @@ def one_snapshot(conn: apsw.Connection) -> Iterator[None]:
 
 
 def _count(conn: apsw.Connection, sql: str, params: Sequence[Any] = ()) -> int:
-    row = conn.execute(sql, tuple(params)).fetchone()
+    try:
+        row = conn.execute(sql, tuple(params)).fetchone()
+    except UnicodeEncodeError:  # a lone surrogate: looked up as stored, as ``fetch`` does
+        row = conn.execute(sql, tuple(replace_lone_surrogates(v) if isinstance(v, str) else v
+                                      for v in params)).fetchone()
     return int(row[0]) if row else 0
 
 
@@ -338,18 +343,26 @@ _APPROVAL_PAGE = CappedColumns.of(
 
 
 def approvals_page(
-    conn: apsw.Connection, run_id: str, status: str, limit: int, offset: int
+    conn: apsw.Connection, run_id: str, status: str, limit: int, offset: int,
+    after_id: str = "",
 ) -> tuple[list[Approval], int]:
-    """A run's approvals in insertion order, optionally of one status.
+    """A run's approvals in insertion order, optionally of one status, and
+    only those inserted after approval ``after_id`` when it is given.
 
     An oversized request is read as its identifying fields with no arguments;
     to decide an approval, re-read it whole with ``get_approval`` (hash binding).
     """
     _check_page("approvals", limit, offset)
+    if not isinstance(after_id, str):
+        raise PageError(f"list approvals: after_id is {described(after_id)}, not a str: "
+                        "name the last approval read, or '' for the first page")
     where = "run_id = ?" + (" AND status = ?" if status else "")
     params: tuple[Any, ...] = (run_id, status) if status else (run_id,)
-    rows = fetch_capped(conn, _APPROVAL_PAGE, f"FROM approvals WHERE {where} "
-                        "ORDER BY rowid LIMIT ? OFFSET ?", params + (limit, offset))
+    after, after_params = ("", ()) if not after_id else (
+        " AND rowid > (SELECT rowid FROM approvals WHERE id = ?)", (after_id,))
+    rows = fetch_capped(conn, _APPROVAL_PAGE, f"FROM approvals WHERE {where}{after} "
+                        "ORDER BY rowid LIMIT ? OFFSET ?",
+                        params + after_params + (limit, offset))
     total = _count(conn, f"SELECT COUNT(*) FROM approvals WHERE {where}", params)
     out = []
     for r in rows:
