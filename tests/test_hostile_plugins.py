@@ -618,6 +618,95 @@ def test_an_id_function_that_repeats_an_id_is_said_as_such_and_the_run_is_resuma
     settled(store, "r")
 
 
+class _ClockBreakingWhen:
+    """The driver's clock, failing at its first reading after ``arm()``."""
+
+    def __init__(self) -> None:
+        from agentrt.testing import FakeClock
+        self.clock, self.armed = FakeClock(step=timedelta(seconds=1)), False
+
+    def arm(self) -> None:
+        self.armed = True
+
+    def __call__(self):
+        if self.armed:
+            self.armed = False
+            raise OSError("clock broke")
+        return self.clock()
+
+
+class _ArmingModel(ScriptedModel):
+    """A scripted model that arms the clock once it has answered."""
+
+    def __init__(self, replies, arm) -> None:
+        super().__init__(replies)
+        self._arm = arm
+
+    def generate(self, request, cancel=None):
+        try:
+            return super().generate(request, cancel)
+        finally:
+            self._arm()
+
+
+@pytest.mark.parametrize("when", ["before the dispatch", "after the model answered"])
+def test_a_clock_failing_in_a_model_call_stops_it_as_a_crash_not_an_agent_error(when):
+    """Before: the run FAILED as agent_error (no resume), and a clock failing
+    after the answer left the row dispatched and its tokens uncharged."""
+    from agentrt.driver import ConfigError
+
+    broken = _ClockBreakingWhen()
+    request = ModelRequest(messages=[Message("user", "hi")], max_output_tokens=50)
+
+    def asking(step):
+        if when == "before the dispatch":
+            broken.arm()
+        step.model.generate(request)
+        return Decision.complete()
+
+    model = _ArmingModel([ModelResponse(text="x", usage=Usage(1000, 1000))],
+                         broken.arm if when != "before the dispatch" else lambda: None)
+    d, store, _, _ = make(script=[asking], model=ModelConfig(model), now=broken)
+    with pytest.raises(ConfigError, match=re.escape(
+            "the driver's clock now() raised OSError: clock broke")):
+        d.start("g", limits(), run_id="r")
+    run = store.get_run("r")
+    assert run.status == "RUNNING" and store.lease("r") == ("", None)
+    calls = [(c.status, c.usage) for c in store.list_model_calls("r")]
+    if when == "before the dispatch":
+        assert calls == [] and model.requests == []
+    else:  # recorded and charged at its dispatch time, never left dispatched
+        (c,) = store.list_model_calls("r")
+        assert calls == [("ok", Usage(1000, 1000))] and c.completed_at == c.dispatched_at
+        assert (run.model_calls, run.usage) == (1, Usage(1000, 1000))
+    d2, _, _, _ = make(store=store, script=[Decision.complete()] * 2, now=broken.clock)
+    assert d2.resume("r").status == "COMPLETED"
+    settled(store, "r")
+
+
+def test_an_id_function_that_repeats_a_model_call_id_is_said_as_such_and_not_an_agent_error():
+    from agentrt.driver import ConfigError
+
+    ids = iter(["s0", "call", "call", "s1", "call2"])
+    request = ModelRequest(messages=[Message("user", "hi")], max_output_tokens=50)
+
+    def twice(step):
+        step.model.generate(request)
+        step.model.generate(request)
+        return Decision.complete()
+
+    model = ScriptedModel([ModelResponse(text="x", usage=Usage(1, 1))] * 2)
+    d, store, _, _ = make(script=[twice], model=ModelConfig(model), new_id=lambda: next(ids))
+    with pytest.raises(ConfigError, match=re.escape(
+            "new_id() returned an id already in model_calls (UNIQUE constraint failed: "
+            "model_calls.id)")):
+        d.start("g", limits(), run_id="r")
+    assert store.get_run("r").status == "RUNNING" and store.lease("r") == ("", None)
+    d2, _, _, _ = make(store=store, script=[Decision.complete()] * 2)
+    assert d2.resume("r").status == "COMPLETED"
+    settled(store, "r")
+
+
 async def _later(*args):
     return None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import time
 from datetime import timedelta
@@ -13,6 +14,7 @@ from _driver_kit import fixture_tools, limits, make, types
 from agentrt.driver import (
     CancelledError,
     CancelToken,
+    ConfigError,
     LimitError,
     Message,
     ModelConfig,
@@ -344,3 +346,86 @@ def test_the_model_fixture_scenario():
     assert steps[0].decision.origin == "" and steps[0].decision.args == b'{"n":7}'
     got = set(types(store, "r"))
     assert {"model.dispatched", "model.completed", "model.failed"} <= got
+
+
+def _wrapped(signal: Exception) -> Exception:
+    """``signal`` as an adapter wraps it: ``raise AdapterError(...) from signal``."""
+    outer = RuntimeError(f"provider call failed: {signal}")
+    outer.__cause__ = signal
+    return outer
+
+
+def test_a_served_error_wrapped_by_the_adapter_is_still_charged_and_not_retried():
+    """Before: only the outermost exception was looked at, so the 520 served
+    tokens went uncharged (errors.As finds a ServedError under wrapping)."""
+    run, store, model = drive([_wrapped(ServedError("content filtered", Usage(500, 20))),
+                               reply()], [asking()], max_retries=2,
+                              backoff=timedelta(milliseconds=1))
+    assert (run.status, run.reason) == ("FAILED", "model_unavailable")
+    (mc,) = store.list_model_calls("r")
+    assert (mc.status, mc.usage, mc.error) == (
+        "error", Usage(500, 20), "provider call failed: content filtered")
+    assert mc.cost_micros == 500 + 100 and run.usage == Usage(500, 20)
+    assert len(model.requests) == 1
+
+
+def test_a_transient_error_wrapped_by_the_adapter_is_retried_with_its_retry_after():
+    run, store, model = drive([_wrapped(rate_limited(timedelta(milliseconds=2))), reply()],
+                              [asking()], max_retries=1, backoff=timedelta(milliseconds=1))
+    assert run.status == "COMPLETED" and len(model.requests) == 2
+    assert [(c.status, c.usage) for c in store.list_model_calls("r")] == [
+        ("error", Usage()), ("ok", Usage(10, 5))]
+
+
+def test_unusable_usage_wrapped_twice_is_charged_the_estimate_and_not_retried():
+    served = ServedError("bad meter", Usage(1, 1))
+    served.__cause__ = UnusableUsageError("unusable usage: negative count")
+    run, store, model = drive([_wrapped(served), reply()], [asking()], max_retries=2)
+    (mc,) = store.list_model_calls("r")
+    assert (mc.status, mc.error) == ("error", "unusable usage: negative count")
+    assert mc.usage.input_tokens > 1 and len(model.requests) == 1
+
+
+@pytest.mark.parametrize("cut", [ssl.SSLEOFError(8, "EOF occurred in violation of protocol"),
+                                 ssl.SSLZeroReturnError(6, "TLS/SSL connection has been closed")],
+                         ids=["eof", "zero-return"])
+def test_a_tls_connection_cut_mid_reply_is_ambiguous_and_retried(cut):
+    """The spec's 'unexpected EOF': the provider may have served it. Before: a
+    final, uncharged error."""
+    run, store, _ = drive([cut, reply()], [asking()], max_retries=1,
+                          backoff=timedelta(milliseconds=1))
+    assert run.status == "COMPLETED"
+    first, second = store.list_model_calls("r")
+    assert (first.status, second.status) == ("ambiguous", "ok") and first.cost_micros > 0
+
+
+def test_the_call_timeout_is_said_exactly_in_the_recorded_error():
+    """Before: 65 µs went through a float and was said as 64.999µs."""
+    class Deaf:
+        def name(self) -> str:
+            return "scripted-model"
+
+        def generate(self, request, cancel):
+            time.sleep(0.2)  # past the timeout, ignoring its token
+            raise RuntimeError("late")
+
+    d, store, _, _ = make(script=[asking()], model=ModelConfig(
+        Deaf(), call_timeout=timedelta(microseconds=65)))
+    d.start("g", limits(), run_id="r")
+    (mc,) = store.list_model_calls("r")
+    assert mc.error == "no reply within the call timeout of 65µs"
+
+
+def test_a_request_tool_that_is_not_a_tool_spec_is_refused_by_its_place():
+    said = []
+
+    def decide(step):
+        with pytest.raises(ConfigError) as info:
+            step.model.generate(ModelRequest(messages=[Message("user", "hi")],
+                                             tools=[{"name": "read"}], max_output_tokens=5))
+        said.append(str(info.value))
+        return Decision.complete()
+
+    run, store, model = drive([], [decide])
+    assert said == ["agentrt: request tools[0] is a dict, not a ToolSpec"]
+    assert run.status == "COMPLETED" and store.list_model_calls("r") == []

@@ -55,19 +55,21 @@ MIN_LEASE_TTL = timedelta(milliseconds=250)
 MAX_LEASE_TTL = timedelta(days=1)
 
 
-def check_text(name: str, value: Any, *, blank: str = "", utf8: str = "") -> str:
+def check_text(name: str, value: Any, *, blank: str = "", utf8: str = "",
+               error: type[ConfigError] = ConfigError) -> str:
     """``value`` when it is a str; with ``blank``, not blank (``blank`` says why);
-    with ``utf8``, free of lone surrogates (``utf8`` says what they would break)."""
+    with ``utf8``, free of lone surrogates (``utf8`` says what they would break).
+    Else ``error``."""
     if not isinstance(value, str):
-        raise ConfigError(f"{name} is {described(value)}, not a str")
+        raise error(f"{name} is {described(value)}, not a str")
     if blank and not value.strip():
-        raise ConfigError(f"{name} is {value!r}, a blank str: {blank}")
+        raise error(f"{name} is {value!r}, a blank str: {blank}")
     if utf8:
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as exc:
             bad = value[exc.start]
-            raise ConfigError(
+            raise error(
                 f"{name} holds a lone surrogate (U+{ord(bad):04X}), which is not valid "
                 f"UTF-8: {utf8}") from None
     return value

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from agentrt.canonical import policy_json
 from agentrt.driver.agent import Agent
 from agentrt.driver.checks import check_duration, check_int
-from agentrt.driver.errors import ConfigError
+from agentrt.driver.errors import ConfigError, DriverFunctionError
 from agentrt.driver.lease import WallClock
 from agentrt.driver.model import ModelConfig
 from agentrt.driver.policy import Policy
@@ -53,25 +53,26 @@ def new_id() -> str:
     return os.urandom(16).hex()
 
 
-def answer(fn: Callable[[], Any], what: str) -> Any:
-    """``fn()``; an exception from it (consumer code) said as one ConfigError."""
+def answer(fn: Callable[[], Any], what: str, error: type[ConfigError] = ConfigError) -> Any:
+    """``fn()``; an exception from it (consumer code) said as one ``error``."""
     try:
         return fn()
     except Exception as exc:  # noqa: BLE001 - consumer code; said in one sentence
-        raise ConfigError(raised_text(what, exc)) from exc
+        raise error(raised_text(what, exc)) from exc
 
 
 def aware_clock(now: Callable[[], datetime], whose: str = "driver") -> Callable[[], datetime]:
     """The consumer's clock, with a naive reading taken as UTC (stored times are UTC,
     and a naive one could not be compared with them). A reading that raises or is
-    not a datetime is a ConfigError before anything is written with it: the call
-    stops as a crashed driver would, and a driver with a working clock resumes."""
+    not a datetime is a DriverFunctionError before anything is written with it:
+    the call stops as a crashed driver would, and a driver with a working clock
+    resumes."""
 
     def reading() -> datetime:
-        t = answer(now, f"the {whose}'s clock now()")
+        t = answer(now, f"the {whose}'s clock now()", DriverFunctionError)
         if not isinstance(t, datetime):
-            raise ConfigError(f"the {whose}'s clock now() returned {described(t)}, "
-                              "not a datetime")
+            raise DriverFunctionError(f"the {whose}'s clock now() returned {described(t)}, "
+                                      "not a datetime")
         return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
 
     return reading

@@ -39,7 +39,7 @@ from agentrt.driver.core import (
     safe_observer,
     system_now,
 )
-from agentrt.driver.errors import ConfigError
+from agentrt.driver.errors import ConfigError, DriverFunctionError
 from agentrt.driver.lease import Lease, WallClock, lease_owner_id, wall_now
 from agentrt.driver.loop import run_loop, too_big_text
 from agentrt.driver.model import ModelConfig
@@ -452,8 +452,9 @@ def _checked_ids(new_id: Callable[[], str]) -> Callable[[], str]:
     A failure stops the call as a crashed driver would (the run stays resumable)."""
 
     def fresh() -> str:
-        return check_text("the id new_id() returned", answer(new_id, "new_id()"),
+        return check_text("the id new_id() returned",
+                          answer(new_id, "new_id()", DriverFunctionError),
                           blank="every step, call and approval needs an id",
-                          utf8=_NOT_UTF8_ID)
+                          utf8=_NOT_UTF8_ID, error=DriverFunctionError)
 
     return fresh

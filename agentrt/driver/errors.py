@@ -20,6 +20,7 @@ __all__ = [
     "AbortRun",
     "CancelledError",
     "ConfigError",
+    "DriverFunctionError",
     "LimitError",
     "ModelUnavailableError",
     "ServedError",
@@ -34,6 +35,14 @@ class ConfigError(AgentrtError, ValueError):
     """A driver, tool, limit or call argument the runtime refuses before writing."""
 
     base = "agentrt"
+
+
+class DriverFunctionError(ConfigError):
+    """The driver's own ``now`` or ``new_id`` failed or answered something unusable.
+
+    Not the agent's doing even when it surfaces inside the agent's model call:
+    the loop lets it through (the run is left as a crashed driver leaves it, for
+    a resume) instead of recording it as the agent's error."""
 
 
 class CancelledError(AgentrtError):

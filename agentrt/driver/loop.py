@@ -20,7 +20,13 @@ from agentrt.canonical import check_and_forms, check_json
 from agentrt.driver.agent import StepInput
 from agentrt.driver.checks import clipped, close_if_coroutine, fit
 from agentrt.driver.core import policy_form
-from agentrt.driver.errors import CancelledError, LimitError, ModelUnavailableError, find_cause
+from agentrt.driver.errors import (
+    CancelledError,
+    DriverFunctionError,
+    LimitError,
+    ModelUnavailableError,
+    find_cause,
+)
 from agentrt.driver.limits import check_before_step
 from agentrt.driver.model import ModelCaller
 from agentrt.driver.policy import RunView
@@ -234,6 +240,11 @@ def _agent_failed(s: Session, step: Step, exc: Exception) -> Run | None:
     unwritten = find_cause(exc, StoreWriteError)
     if unwritten is not None:  # a model call's record met a full disk: not the agent's error
         raise unwritten
+    # The driver's own clock or ids failed in a model call: stop as a crashed
+    # driver would, the run left for a resume, as anywhere else in the loop.
+    mine = find_cause(exc, DriverFunctionError) or _reused_call_id(exc)
+    if mine is not None:
+        raise mine
     if s.cancel.done:  # the deadline's timer may not have fired yet
         raise CancelledError(s.cancel.reason) from exc
     lost = find_cause(exc, LeaseLostError)
@@ -255,6 +266,15 @@ def _agent_failed(s: Session, step: Step, exc: Exception) -> Run | None:
         return s.settle(RUNNING, ending, end=end)
 
     return fit(settle, exception_text(exc))
+
+
+def _reused_call_id(exc: Exception) -> apsw.ConstraintError | None:
+    """The refusal of a model call's row whose id ``new_id()`` had already given
+    (the driver says it as the id function's error), or None."""
+    refused = find_cause(exc, apsw.ConstraintError)
+    if refused is not None and str(refused).endswith("UNIQUE constraint failed: model_calls.id"):
+        return refused
+    return None
 
 
 # -- the decision --------------------------------------------------------------

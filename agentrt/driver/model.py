@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -34,12 +35,14 @@ from agentrt.driver.checks import (
 from agentrt.driver.errors import (
     CancelledError,
     ConfigError,
+    DriverFunctionError,
     LimitError,
     ModelUnavailableError,
     ServedError,
     TransientError,
     UnusableUsageError,
     _retry_after,
+    find_cause,
 )
 from agentrt.driver.lease import Lease, WallClock
 from agentrt.driver.worker import call_in_thread
@@ -254,7 +257,10 @@ def _charged(usage: Usage) -> Usage:
 
 _MICROSECOND = timedelta(microseconds=1)
 _MAX_WAIT_US = MAX_WAIT // _MICROSECOND
-_CONNECTION_LOST = (ConnectionError, EOFError, TimeoutError, http.client.IncompleteRead)
+#: A TLS connection closed or cut mid-reply is one too (``ssl.SSLEOFError`` is
+#: Python's unexpected EOF there, which ``ConnectionError`` does not cover).
+_CONNECTION_LOST = (ConnectionError, EOFError, TimeoutError, http.client.IncompleteRead,
+                    ssl.SSLEOFError, ssl.SSLZeroReturnError)
 
 
 def _connection_lost(exc: BaseException) -> bool:
@@ -336,6 +342,9 @@ def _bad_request(request: ModelRequest, exc: Exception) -> str:
     for name, kind in (("system", str), ("tools", list)):
         if not isinstance(getattr(request, name), kind):
             return f"request {name} is {described(getattr(request, name))}, not a {kind.__name__}"
+    for i, t in enumerate(request.tools):
+        if not isinstance(t, ToolSpec):
+            return f"request tools[{i}] is {described(t)}, not a ToolSpec"
     return f"the request cannot be encoded: {exception_text(exc)}"
 
 
@@ -583,7 +592,11 @@ class ModelCaller:
             self._cancel.release(token)
         if out is None:
             token.cancel(self._cancel.reason if self._cancel.done else "deadline exceeded")
-        completed_at = self._now()
+        clock_failed: DriverFunctionError | None = None
+        try:
+            completed_at = self._now()
+        except DriverFunctionError as exc:  # the call was made: recorded, then the driver stops
+            clock_failed, completed_at = exc, dispatched_at
         latency = max(int((completed_at - dispatched_at) / timedelta(milliseconds=1)), 0)
         try:
             result = self._classify(attempt, out, estimate, estimate_cost, token)
@@ -592,6 +605,8 @@ class ModelCaller:
             result = _Attempt(ModelCallStatus.ERROR.value, estimate, estimate_cost, text,
                               raise_=ModelUnavailableError(attempt, text))
         self._record(call_id, attempt, result, latency, completed_at, reservation)
+        if clock_failed is not None:
+            raise clock_failed
         return result
 
     def _classify(self, attempt: int, out: Any, estimate: Usage, estimate_cost: int,
@@ -604,7 +619,7 @@ class ModelCaller:
                 return _Attempt(ambiguous, estimate, estimate_cost, text,
                                 raise_=CancelledError(self._cancel.reason))
             text = (f"no reply within the call timeout of "
-                    f"{format_duration(int(self._config.call_timeout.total_seconds() * 1e9))}")
+                    f"{format_duration(duration_ns(self._config.call_timeout))}")
             return _Attempt(ambiguous, estimate, estimate_cost, text, retry=True)
         exc = out.error
         if exc is None:
@@ -626,19 +641,20 @@ class ModelCaller:
                 done.raise_ = CancelledError(self._cancel.reason)
             return done
         text = exception_text(exc)
-        unusable = exc if isinstance(exc, UnusableUsageError) else (
-            exc.__cause__ if isinstance(exc, ServedError)
-            and isinstance(exc.__cause__, UnusableUsageError) else None)
+        # Each signal is found where an adapter raised it, or under the error it
+        # wrapped it in (``raise ... from``), as the reference's errors.As finds it.
+        unusable = find_cause(exc, UnusableUsageError)
         if unusable is not None:
             text = exception_text(unusable)
             if not text.startswith("unusable usage"):
                 text = f"unusable usage: {text}"
             return _Attempt(error, estimate, estimate_cost, text,
                             raise_=ModelUnavailableError(attempt, text))
-        if isinstance(exc, ServedError):
+        served_error = find_cause(exc, ServedError)
+        if served_error is not None:
             # getattr: a subclass that skips ServedError.__init__ has no usage; it
             # was still served, so it is charged the estimate, not left dispatched.
-            served: object = getattr(exc, "usage", None)
+            served: object = getattr(served_error, "usage", None)
             why = _unusable(served)
             if isinstance(served, Usage) and not why:
                 usage = _charged(served)
@@ -655,8 +671,9 @@ class ModelCaller:
             # a connection lost, or an adapter that gave up at the attempt's
             # deadline (as Model asks): the provider may have served it
             return _Attempt(ambiguous, estimate, estimate_cost, text, retry=True)
-        if isinstance(exc, TransientError):
-            after = _transient_retry_after(exc)
+        transient = find_cause(exc, TransientError)
+        if transient is not None:
+            after = _transient_retry_after(transient)
             if isinstance(after, str):
                 text = f"{text} ({after})"
                 return _Attempt(error, Usage(), 0, text,
