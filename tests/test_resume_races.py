@@ -3,15 +3,26 @@ operator's decision and the resume's first write."""
 
 from __future__ import annotations
 
+import itertools
+import threading
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from _driver_kit import call, fixture_tools, limits, make, stopped_while_deciding
 
-from agentrt.driver import DefaultPolicy, FuncTool, PolicyFunc, Reconciliation, ToolResult, cancel
-from agentrt.errors import AgentrtError
-from agentrt.records import Decision, Reason, RunStatus
+from agentrt.driver import (
+    DefaultPolicy,
+    FuncTool,
+    PolicyFunc,
+    Reconciliation,
+    ToolResult,
+    approve,
+    cancel,
+)
+from agentrt.errors import AgentrtError, RunStateError
+from agentrt.records import Decision, PolicyDecision, Reason, RunStatus
+from agentrt.store import open_store
 
 
 def _approved(policy: Any = None, tools: list | None = None) -> tuple[Any, Any]:
@@ -147,3 +158,83 @@ def test_a_grant_whose_ttl_passes_while_the_policy_is_asked_again_does_not_run()
     assert (run.status, run.reason) == (RunStatus.CANCELLED, "approval_expired")
     assert [a.status for a in store.list_approvals("r")] == [ApprovalStatus.EXPIRED]
     assert calls == [] and "step.tool_started" not in [e.type for e in store.list_events("r")]
+
+
+def _ask(k: int) -> PolicyDecision:
+    return PolicyDecision.need_approval("manual", "ask", {"round": k})
+
+
+def _waiting_on_a_grant(path: str) -> Any:
+    store = open_store(path)
+    d, _, _, _ = make(store=store, script=[call("read", b'{"n":1}')],
+                      policy=PolicyFunc(lambda r, v: _ask(0)))
+    d.start("g", limits(), run_id="r")
+    approve(store, "r", store.list_approvals("r")[0].id, "op", "")
+    return store
+
+
+def test_two_resumes_that_pause_one_grant_again_leave_one_pending_approval(tmp_path) -> None:
+    """Before: both paused the step again, leaving two pending approvals, the
+    older of which could never grant (and ``approve RUN`` refused to pick)."""
+    path = str(tmp_path / "runs.db")
+    store = _waiting_on_a_grant(path)
+    both_read, rounds, out = threading.Barrier(2), itertools.count(1), []
+
+    def rule(request: Any, view: Any) -> PolicyDecision:
+        k = next(rounds)
+        both_read.wait(5)  # each resumer has read the grant before either pauses
+        return _ask(k)
+
+    def resumer() -> None:
+        d, _, _, _ = make(store=open_store(path), script=[], policy=PolicyFunc(rule))
+        try:
+            out.append(d.resume("r").status)
+        except RunStateError as exc:
+            out.append(str(exc))
+
+    threads = [threading.Thread(target=resumer) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [a.status for a in store.list_approvals("r")] == ["approved", "pending"]
+    assert sorted(out, key=len)[0] == RunStatus.WAITING_FOR_APPROVAL
+    assert "is no longer the latest approved approval of step" in sorted(out, key=len)[1]
+
+
+@pytest.mark.parametrize("stale_ruling", ["abort", "raises", "unknown outcome"])
+def test_a_stale_resume_cannot_end_a_run_another_resume_paused_again(tmp_path,
+                                                                     stale_ruling) -> None:
+    """A resume still asking its policy when another resume paused the step on a
+    new approval must not end the run on the spent grant (before: FAILED
+    policy_abort or internal_error, the new approval left pending)."""
+    path = str(tmp_path / "runs.db")
+    store = _waiting_on_a_grant(path)
+    in_policy, paused_again, out = threading.Event(), threading.Event(), {}
+
+    def slow(request: Any, view: Any) -> PolicyDecision:
+        in_policy.set()
+        paused_again.wait(10)
+        if stale_ruling == "raises":
+            raise RuntimeError("policy broke")
+        return PolicyDecision("abort" if stale_ruling == "abort" else "shrug", "stop", "")
+
+    def stale() -> None:
+        d, _, _, _ = make(store=open_store(path), script=[], policy=PolicyFunc(slow))
+        try:
+            out["stale"] = d.resume("r")
+        except RunStateError as exc:
+            out["stale"] = exc
+
+    t = threading.Thread(target=stale)
+    t.start()
+    assert in_policy.wait(10)
+    fast, _, _, _ = make(store=open_store(path), script=[],
+                         policy=PolicyFunc(lambda r, v: _ask(1)))
+    assert fast.resume("r").status == RunStatus.WAITING_FOR_APPROVAL
+    paused_again.set()
+    t.join()
+    assert isinstance(out["stale"], RunStateError)
+    assert store.get_run("r").status == RunStatus.WAITING_FOR_APPROVAL
+    assert [a.status for a in store.list_approvals("r")] == ["approved", "pending"]
+    assert store.list_steps("r")[0].status == "awaiting_approval"

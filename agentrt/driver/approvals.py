@@ -21,8 +21,8 @@ import apsw
 
 from agentrt.driver.checks import check_text
 from agentrt.driver.errors import ConfigError
-from agentrt.driver.loop import apply, evaluate, grant_expired, require_latest, resume_run
-from agentrt.driver.session import WAITING, Session, StepEnd, observation
+from agentrt.driver.loop import apply, evaluate, grant_expired, resume_run
+from agentrt.driver.session import WAITING, Session, StepEnd, observation, require_latest
 from agentrt.driver.tools import check_args
 from agentrt.errors import (
     ApprovalChangedError,

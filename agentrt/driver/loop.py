@@ -40,6 +40,7 @@ from agentrt.driver.session import (
     blank_as_empty,
     encode,
     observation,
+    require_latest,
 )
 from agentrt.driver.snapshot import Snapshot, copy_run
 from agentrt.driver.stored import evolve
@@ -542,7 +543,7 @@ def apply(
                   started_at=resumed_at if grant is not None else step.started_at)
     if perr is not None or pd is None:
         text = exception_text(perr) if perr is not None else "None"
-        return _policy_failed(s, step, expected, from_, text)
+        return _policy_failed(s, step, expected, from_, text, grant=grant)
     paused = step.policy  # the ruling a resumed step was paused on (None otherwise)
     try:
         return _rule(s, step, expected, request, pd, view, entry, grant, resumed_at)
@@ -553,7 +554,7 @@ def apply(
         size = _ruling_size(pd, core.policy_id, entry[0], view)
         return _policy_failed(s, step, expected, from_,
                               f"the ruling ({size} bytes as JSON) is too large to store ({exc})",
-                              entry)
+                              entry, grant=grant)
 
 
 def _ruling_size(pd: PolicyDecision, policy_id: str, spec_hash: str, view: RunView) -> int:
@@ -567,7 +568,8 @@ def _ruling_size(pd: PolicyDecision, policy_id: str, spec_hash: str, view: RunVi
 
 
 def _policy_failed(s: Session, step: Step, expected: tuple[str, ...], from_: tuple[str, ...],
-                   text: str, entry: SpecEntry = ("", b"")) -> Run:
+                   text: str, entry: SpecEntry = ("", b""), *,
+                   grant: Approval | None = None) -> Run:
     """A policy error: the run fails as internal_error, the step with it, and no
     ``step.policy`` is written; an error text too large to store is clipped."""
     failed = evolve(step, status=StepStatus.FAILED.value)
@@ -575,7 +577,8 @@ def _policy_failed(s: Session, step: Step, expected: tuple[str, ...], from_: tup
     def settle(text: str) -> Run:
         end = StepEnd(evolve(failed), expected, detail=f"policy error: {text}")
         return s.settle(from_, Ending(RunStatus.FAILED.value, Reason.INTERNAL_ERROR.value,
-                                      f"policy: {text}"), end=end, spec_entry=entry)
+                                      f"policy: {text}"), end=end, spec_entry=entry,
+                        grant=grant)
 
     return fit(settle, text)
 
@@ -600,7 +603,7 @@ def _rule(s: Session, step: Step, expected: tuple[str, ...], request: ToolReques
                           expected, detail=detail)
             return s.settle(from_, Ending(RunStatus.FAILED.value, Reason.INTERNAL_ERROR.value,
                                           detail), end=end, pre=[reduced_event],
-                            spec_entry=entry)
+                            spec_entry=entry, grant=grant)
     step.policy = pd
     event = policy_event(pd, core.policy_id, entry[0], view)
     outcome = pd.outcome
@@ -624,24 +627,16 @@ def _rule(s: Session, step: Step, expected: tuple[str, ...], request: ToolReques
         end = StepEnd(evolve(step, status=StepStatus.FAILED.value, observation=obs), expected,
                       detail=obs.summary)
         return s.settle(from_, Ending(RunStatus.FAILED.value, Reason.POLICY_ABORT.value,
-                                      pd.reason), end=end, pre=pre, spec_entry=entry)
+                                      pd.reason), end=end, pre=pre, spec_entry=entry,
+                        grant=grant)
     if outcome == PolicyOutcome.REQUIRE_APPROVAL:
-        return s.pause(step, expected, request, pd, event, policy_at, from_, entry)
+        return s.pause(step, expected, request, pd, event, policy_at, from_, entry,
+                       grant=grant)
     end = StepEnd(evolve(step, status=StepStatus.FAILED.value), expected,
                   detail="unknown policy outcome")
     return s.settle(from_, Ending(RunStatus.FAILED.value, Reason.INTERNAL_ERROR.value,
                                   f"unknown policy outcome {_q(outcome)}"),
-                    end=end, pre=pre, spec_entry=entry)
-
-
-def require_latest(tx: Any, a: Approval, status: str) -> None:
-    """Inside a transaction: ``a`` must still be its step's latest approval, with
-    ``status`` (RunStateError): what a resumer read may since have been replaced."""
-    latest = tx.one("SELECT id, status FROM approvals WHERE step_id = ? ORDER BY rowid DESC "
-                    "LIMIT 1", (a.step_id,))
-    if latest is None or (str(latest[0]), str(latest[1])) != (a.id, status):
-        raise RunStateError(f"approval {a.id} is no longer the latest {status} approval of "
-                            f"step {a.step_id}: a later pause of the step replaced it")
+                    end=end, pre=pre, spec_entry=entry, grant=grant)
 
 
 def resume_run(s: Session, grant: Approval, resumed_at: Any, wall_at: Any, tx: Any) -> None:

@@ -180,6 +180,16 @@ def _encoded(payload: bytes | dict[str, Any] | None) -> bytes:
     return blank_as_empty(payload)
 
 
+def require_latest(tx: Any, a: Approval, status: str) -> None:
+    """Inside a transaction: ``a`` must still be its step's latest approval, with
+    ``status`` (RunStateError): what a resumer read may since have been replaced."""
+    latest = tx.one("SELECT id, status FROM approvals WHERE step_id = ? ORDER BY rowid DESC "
+                    "LIMIT 1", (a.step_id,))
+    if latest is None or (str(latest[0]), str(latest[1])) != (a.id, status):
+        raise RunStateError(f"approval {a.id} is no longer the latest {status} approval of "
+                            f"step {a.step_id}: a later pause of the step replaced it")
+
+
 @dataclass(slots=True)
 class Session:
     core: Core
@@ -409,15 +419,19 @@ class Session:
         pre: Sequence[PreEvent] = (),
         detached: bool = False,
         spec_entry: tuple[str, bytes] = ("", b""),
+        grant: Approval | None = None,
     ) -> Run:
         """End the run (two Now readings with a step end, one without): the
         ``pre`` events, the step end, the terminal status, ``limit.exceeded`` for a
-        limit, then ``run.finished``, all in one transaction."""
+        limit, then ``run.finished``, all in one transaction. Ending a resumed
+        run on its ``grant`` needs the grant still the step's latest approval."""
         step_at = self.core.now() if end is not None else None
         now = self.core.now()
         owner = self.owner_terms(from_)
         with self.tx(detached=detached) as tx:
             check_run(tx, self.run_id, from_, owner=owner)
+            if grant is not None:
+                require_latest(tx, grant, ApprovalStatus.APPROVED.value)
             self.put_spec(tx, *spec_entry)
             for ev in pre:
                 tx.append_encoded(self.run_id, ev.step_id, ev.at, ev.type, _encoded(ev.payload))
@@ -472,9 +486,12 @@ class Session:
         policy_at: datetime,
         from_: tuple[str, ...],
         spec_entry: tuple[str, bytes] = ("", b""),
+        grant: Approval | None = None,
     ) -> Run:
         """Wait for a person: the step awaits approval, a pending approval binds the
-        exact request by its hash, the run is WAITING with no lease (one Now reading)."""
+        exact request by its hash, the run is WAITING with no lease (one Now reading).
+        Pausing a resumed step again needs its ``grant`` still the latest approval:
+        else two resumes of one grant would leave two pending approvals."""
         now = self.core.now()
         assert self.run is not None
         capability, presentation = blank_as_empty(pd.capability), blank_as_empty(pd.presentation)
@@ -496,6 +513,8 @@ class Session:
         new = evolve(step, status=StepStatus.AWAITING_APPROVAL.value, policy=pd)
         with self.tx() as tx:
             check_run(tx, self.run_id, from_, owner=owner)
+            if grant is not None:
+                require_latest(tx, grant, ApprovalStatus.APPROVED.value)
             self.write_step(tx, new, expected)
             transition(tx, self.run_id, from_, RunStatus.WAITING_FOR_APPROVAL.value, owner=owner)
             self.put_spec(tx, *spec_entry)
