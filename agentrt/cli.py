@@ -13,6 +13,7 @@ before the database is opened. Exit codes: 0 ok, 1 failure (``error: ...``),
 from __future__ import annotations
 
 import errno
+import contextlib
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -25,7 +26,7 @@ import apsw
 import click
 
 from agentrt import view
-from agentrt.clitools import OUTPUT_CLOSED, run_click, schema_sentence, silence_stdout
+from agentrt.clitools import OUTPUT_CLOSED, Count, run_click, schema_sentence, silence_stdout
 from agentrt.errors import AgentrtError, ApprovalChangedError, SchemaVersionError
 from agentrt.events import Observer
 from agentrt.gojson import dumps, encode_string
@@ -86,9 +87,9 @@ def page_options(default_limit: int) -> Callable[[F], F]:
     """``--limit`` and ``--offset`` for a listing read in pages."""
 
     def decorate(fn: F) -> F:
-        fn = click.option("--offset", type=click.IntRange(min=0, max=MAX_INT), default=0,
+        fn = click.option("--offset", type=Count(min=0, max=MAX_INT), default=0,
                           metavar="N", help="Skip this many first.")(fn)
-        fn = click.option("--limit", type=click.IntRange(min=0, max=MAX_INT),
+        fn = click.option("--limit", type=Count(min=0, max=MAX_INT),
                           default=default_limit,
                           show_default=True, metavar="N",
                           help=f"Show at most N (0: all, read {PAGE_SIZE} at a time).")(fn)
@@ -403,7 +404,7 @@ class _Commands(_ParsedWithContext, click.Group):
 
 
 @click.group(cls=_Commands, invoke_without_command=True,
-             context_settings={"help_option_names": ["-h", "--help"]})
+             context_settings={"help_option_names": ["-h", "-help", "--help"]})
 @output_options
 @click.pass_context
 def cli(ctx: click.Context, db: str | None, as_json: bool) -> None:
@@ -583,8 +584,8 @@ def _interactive() -> bool:
 
 
 def _confirm(verb: str, a: Approval) -> bool | None:
-    """Ask at the terminal; None when stdin ended before an answer (Ctrl-D), which
-    is the refusal for want of consent (the spec's "EOF before an answer = same
+    """Ask at the terminal; None when stdin ended before an answer (Ctrl-D, or a
+    terminal that hung up), which is the refusal for want of consent (the spec's "EOF before an answer = same
     refusal"), not a typed no. Ctrl-C at the prompt is a failure that says nothing
     was decided (click's own "aborted" would leave the operator to wonder)."""
     try:
@@ -596,8 +597,11 @@ def _confirm(verb: str, a: Approval) -> bool | None:
         sys.stderr.write("\n")
         raise click.ClickException(
             f"{verb}: interrupted at the prompt; nothing was decided") from None
+    except OSError:  # the terminal hung up (EIO): no answer came, as at its end
+        answer = ""
     if not answer:
-        sys.stderr.write("\n")  # nothing typed was echoed: end the prompt's line
+        with contextlib.suppress(OSError):  # a terminal that hung up takes no more
+            sys.stderr.write("\n")  # nothing typed was echoed: end the prompt's line
         return None
     return answer.strip().lower() in ("y", "yes")
 
@@ -795,9 +799,9 @@ class HeadType(click.ParamType):  # type: ignore[type-arg]  # generic only from 
 
 
 @cli.command()
-@click.option("--from", "from_seq", type=click.IntRange(min=0, max=MAX_INT), default=0,
+@click.option("--from", "from_seq", type=Count(min=0, max=MAX_INT), default=0,
               metavar="N", help="First seq to check (default: 1).")
-@click.option("--to", "to_seq", type=click.IntRange(min=0, max=MAX_INT), default=0,
+@click.option("--to", "to_seq", type=Count(min=0, max=MAX_INT), default=0,
               metavar="N", help="Last seq to check (default: the newest event).")
 @click.option("--head", "kept", type=HeadType(), default=None,
               help="A head kept from an earlier check; it must still be there with "

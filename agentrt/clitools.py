@@ -21,7 +21,7 @@ import click
 from agentrt.errors import SchemaVersionError
 from agentrt.trace import sanitize
 
-__all__ = ["OUTPUT_CLOSED", "run_click", "schema_sentence", "silence_stdout"]
+__all__ = ["OUTPUT_CLOSED", "Count", "run_click", "schema_sentence", "silence_stdout"]
 
 #: The error a write to a closed standard output raises (``>&-``).
 OUTPUT_CLOSED = "standard output is closed"
@@ -29,6 +29,17 @@ OUTPUT_CLOSED = "standard output is closed"
 #: others are checked where they are used: $USER by a decision without
 #: --by, OTEL_* by agentrt-export otel).
 _TEXT_VARIABLES = ("AGENTRT_DB",)
+
+
+class Count(click.IntRange):
+    """A whole number option in ASCII digits: Python's ``int()`` would also take
+    ``' 5'`` or an Arabic-Indic ``٣``, which Go's flag parsing refuses."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not (value.isascii() and value == value.strip()):
+            self.fail(f"{sanitize(value)!r} is not a whole number in ASCII digits", param, ctx)
+        return super().convert(value, param, ctx)
 
 
 class _ClosedOutput(io.TextIOBase):

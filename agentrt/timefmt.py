@@ -233,9 +233,10 @@ def local_stamp(t: datetime, *, millis: bool = False) -> str:
         local = t.astimezone()
     except (OverflowError, ValueError):
         local = t
-    offset = int((local.utcoffset() or timedelta(0)).total_seconds()) // 60
-    sign = "-" if offset < 0 else "+"
-    hours, minutes = divmod(abs(offset), 60)
+    seconds = int((local.utcoffset() or timedelta(0)).total_seconds())
+    zone = abs(seconds) // 60  # whole minutes toward zero, as Go's layout does
+    sign = "-" if seconds < 0 and zone else "+"
+    hours, minutes = divmod(zone, 60)
     fraction = f".{local.microsecond // 1000:03d}" if millis else ""
     return (
         f"{local.year:04d}-{local.month:02d}-{local.day:02d} "

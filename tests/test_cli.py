@@ -550,7 +550,9 @@ def test_verify_bad_arguments_are_usage(tmp_path, args, message):
 def test_usage_exit_codes(ops):
     bare = invoke()
     assert (bare.code, bare.stdout) == (2, "") and "Commands:" in bare.stderr
-    for args in (["help"], ["-h"], ["--help"], ["help", "approve"], ["runs", "--help"]):
+    # The spec's "-h/-help" too (before: -help was "No such option '-e'", exit 2).
+    for args in (["help"], ["-h"], ["-help"], ["--help"], ["help", "approve"],
+                 ["runs", "--help"], ["runs", "-help"]):
         shown = invoke(*args)
         assert (shown.code, shown.stderr) == (0, ""), args
         assert shown.stdout.startswith("Usage: agentrt")
@@ -560,6 +562,19 @@ def test_usage_exit_codes(ops):
     assert invoke("show").code == 2
     no_db = invoke("runs").stderr.splitlines()[0]
     assert no_db == "usage: no database: pass --db or set AGENTRT_DB"
+
+
+@pytest.mark.parametrize("args", [
+    ["runs", "--limit", " 5"], ["runs", "--limit", "\u0663"], ["runs", "--offset", "1 "],
+    ["show", "r", "--limit", "\uff15"], ["events", "r", "--offset", "\u0663"],
+    ["verify", "--from", " 1"], ["verify", "--to", "\u0663"],
+])
+def test_number_options_take_ascii_digits_only(ops, args):
+    """As Go's flag parsing: Python's int() alone took ' 5' and an Arabic-Indic
+    three (read as 3) and ran the command with them."""
+    result = invoke("--db", ops.path, *args)
+    assert result.code == 2 and result.stdout == ""
+    assert "is not a whole number in ASCII digits" in result.stderr.splitlines()[0]
 
 
 def test_help_says_resume_belongs_to_the_consumer():

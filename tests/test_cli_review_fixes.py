@@ -208,19 +208,27 @@ def _read_until(fd: int, marker: bytes, timeout: float = 30.0) -> bytes:
     return seen
 
 
+@pytest.mark.parametrize("ending", ["end-of-file", "hang-up"])
 @pytest.mark.parametrize("verb", ["approve", "reject"])
-def test_end_of_input_at_the_prompt_is_the_usage_refusal_and_decides_nothing(ops, verb):
+def test_end_of_input_at_the_prompt_is_the_usage_refusal_and_decides_nothing(ops, verb, ending):
     """Spec section 15: "EOF before an answer = same refusal", the one a script
-    gets without --approval or --yes (exit 2), not a typed no (exit 1)."""
+    gets without --approval or --yes (exit 2), not a typed no (exit 1). A
+    terminal that hangs up (its reads fail with EIO) gave no answer either
+    (before: 'error: writing output: Input/output error', exit 1)."""
     before = snapshot(ops["db"])
     proc, master = _at_a_terminal(["--db", ops["db"], verb, ops["waiting"]])
     try:
         assert proc.stderr is not None
         _read_until(proc.stderr.fileno(), b"[y/N] ")
-        os.write(master, b"\x04")  # the terminal's end-of-file character
+        if ending == "end-of-file":
+            os.write(master, b"\x04")  # the terminal's end-of-file character
+        else:
+            os.close(master)
+            master = -1
         _, err = proc.communicate(timeout=30)
     finally:
-        os.close(master)
+        if master >= 0:
+            os.close(master)
     assert proc.returncode == 2, err
     assert err.decode() == (  # after the prompt's line: the sentence, the usage, the help
         f"\nusage: {verb}: refusing without --approval, --yes, or an interactive terminal "

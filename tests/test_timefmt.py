@@ -4,13 +4,14 @@ parser reads, and everything else still goes through the general parser."""
 from __future__ import annotations
 
 import re
+import time
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentrt.timefmt import format_time, parse_time
+from agentrt.timefmt import format_time, local_stamp, parse_time
 
 # The general parser alone (the pattern, then datetime), kept here as the oracle.
 _RFC3339 = re.compile(
@@ -75,3 +76,26 @@ def test_anything_else_parses_or_fails_as_the_general_parser_says(text):
 ])
 def test_edge_forms_read_as_the_general_parser_reads_them(text):
     assert outcome(parse_time, text) == outcome(general, text)
+
+
+@pytest.mark.parametrize(("zone", "utc", "stamp"), [
+    # New York's local mean time before 1883: -4:56:02, a minute Go truncates to -0456.
+    ("America/New_York", datetime(1880, 1, 1, 12, 0, tzinfo=UTC), "1880-01-01 07:03:58 -0456"),
+    # Amsterdam's +0:19:32 of 1935.
+    ("Europe/Amsterdam", datetime(1935, 1, 1, 12, 0, tzinfo=UTC), "1935-01-01 12:19:32 +0019"),
+    ("Africa/Monrovia", datetime(1971, 1, 1, 12, 0, tzinfo=UTC), "1971-01-01 11:15:30 -0044"),
+    ("America/New_York", datetime(2026, 7, 1, 12, 0, tzinfo=UTC), "2026-07-01 08:00:00 -0400"),
+    # POSIX: 30 s west of UTC, which Go writes as +0000 (no minute to sign).
+    ("XXX0:00:30", datetime(2026, 1, 1, 12, 0, tzinfo=UTC), "2026-01-01 11:59:30 +0000"),
+])
+def test_local_stamp_writes_a_zone_offset_in_whole_minutes_toward_zero_as_go(
+        monkeypatch, zone, utc, stamp):
+    """Before: a negative offset with seconds was floored, a minute off Go's."""
+    monkeypatch.setenv("TZ", zone)
+    time.tzset()
+    try:
+        assert local_stamp(utc) == stamp
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+

@@ -421,3 +421,21 @@ def test_check_chain_reports_an_altered_event(kit):
     assert check.problems == [
         "the event chain is broken at seq 3: the stored hash is not the one the event's "
         "fields and the previous event's hash give"]
+
+
+@pytest.mark.parametrize("kept", [(5,), 5, (4, 4), ("4", "abc"), [4, "abc"]])
+def test_check_chain_refuses_a_kept_head_that_is_not_a_seq_and_hash_pair(kit, kept):
+    """Before: ValueError 'not enough values to unpack' and the like."""
+    kit.completed()
+    with pytest.raises(TypeError) as info:
+        view.check_chain(kit.store, 0, 0, kept)
+    assert str(info.value).startswith("agentrt: kept is ")
+    assert "not a (seq, hash) pair" in str(info.value)
+
+
+@pytest.mark.parametrize("raw", ["x" * 3000, None, 7])
+def test_bound_raw_refuses_what_is_not_bytes_in_one_sentence(raw):
+    """Before: AttributeError "'str' object has no attribute 'decode'"."""
+    with pytest.raises(TypeError) as info:
+        view.bound_raw(raw)
+    assert str(info.value).startswith("agentrt: raw is ") and "not JSON as bytes" in str(info.value)

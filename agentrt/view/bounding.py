@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
+from agentrt.errors import described
 from agentrt.gojson import Raw, dumps, is_valid
 from agentrt.records import Approval
 
@@ -140,6 +141,9 @@ def bound_raw(raw: bytes) -> bytes:
     Returned unchanged when nothing needed bounding (the exact recorded bytes)
     or when it is not JSON.
     """
+    if not isinstance(raw, bytes):
+        raise TypeError(f"agentrt: raw is {described(raw)}, not JSON as bytes: "
+                        "pass the recorded bytes (str.encode() a text)")
     if len(raw) <= MAX_FIELD_BYTES:  # no string inside can be longer than the whole
         return raw
     try:

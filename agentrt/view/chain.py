@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agentrt.errors import NotFoundError
+from agentrt.errors import NotFoundError, described
 from agentrt.store import Store, VerifyReport
 
 __all__ = ["ChainCheck", "KeptHead", "check_chain"]
@@ -89,6 +89,10 @@ def check_chain(store: Store, from_seq: int = 0, to_seq: int = 0,
                 kept: tuple[int, str] | None = None) -> ChainCheck:
     """Read the head, walk the chain from ``from_seq`` to ``to_seq`` (0: the head),
     and hold it to the kept head when one is given. Writes nothing."""
+    if kept is not None and not (isinstance(kept, tuple) and len(kept) == 2
+                                 and isinstance(kept[0], int) and isinstance(kept[1], str)):
+        raise TypeError(f"agentrt: kept is {described(kept)}, not a (seq, hash) pair: pass "
+                        "the seq and hash a check printed, such as (31, '210c5f...')")
     head_seq, head_hash = store.chain_head()
     report = store.verify_events(from_seq, to_seq)
     last = _last_seq(store, report) if report.broken is None else 0
