@@ -12,8 +12,8 @@ before the database is opened. Exit codes: 0 ok, 1 failure (``error: ...``),
 
 from __future__ import annotations
 
-import errno
 import contextlib
+import errno
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
