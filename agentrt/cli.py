@@ -585,9 +585,10 @@ def _interactive() -> bool:
 
 def _confirm(verb: str, a: Approval) -> bool | None:
     """Ask at the terminal; None when stdin ended before an answer (Ctrl-D, or a
-    terminal that hung up), which is the refusal for want of consent (the spec's "EOF before an answer = same
-    refusal"), not a typed no. Ctrl-C at the prompt is a failure that says nothing
-    was decided (click's own "aborted" would leave the operator to wonder)."""
+    terminal that hung up), which is the refusal for want of consent (the
+    spec's "EOF before an answer = same refusal"), not a typed no. Ctrl-C at the
+    prompt is a failure that says nothing was decided (click's own "aborted"
+    would leave the operator to wonder)."""
     try:
         sys.stderr.write(f"{verb} approval {sanitize(view.echo(a.id))} of run "
                          f"{sanitize(view.echo(a.run_id))}? [y/N] ")
