@@ -51,13 +51,27 @@ class EventType(StrEnum):
 ALL_EVENT_TYPES: tuple[str, ...] = tuple(t.value for t in EventType)
 
 
-@lru_cache(maxsize=4096)
+#: Longer than any time the runtime writes or Go parses (35 characters at most):
+#: such a text is read without the cache, which would otherwise keep up to
+#: 4096 capped cells of 64 Ki characters each for the life of the process.
+_CACHED_AT_LENGTH = 64
+
+
 def _parse_at(text: str) -> datetime:
+    if len(text) > _CACHED_AT_LENGTH:
+        return _parse_at_uncached(text)
+    return _parse_short_at(text)
+
+
+def _parse_at_uncached(text: str) -> datetime:
     try:
         t = parse_time(text)
     except ValueError:
         return ZERO_TIME
     return ZERO_TIME if t is None else t
+
+
+_parse_short_at = lru_cache(maxsize=4096)(_parse_at_uncached)
 
 
 class _EventFields(tuple[Any, ...]):

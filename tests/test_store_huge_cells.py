@@ -236,3 +236,28 @@ def test_reading_pages_of_64_mb_values_costs_a_reader_far_less_than_their_size(t
     assert all(N < size < N + 100 for size in got["big"][:2] + got["big"][5:6])
     grown_mb = (got["peak_kib"] - got["base_kib"]) / 1024
     assert grown_mb < 32, f"peak RSS grew {grown_mb:.0f} MB reading 64 MB values"
+
+
+def test_reading_the_time_of_events_with_huge_at_cells_keeps_none_of_them():
+    """An ``at`` cell arrives capped at 64 Ki characters; reading the time of
+    such events parsed them through a 4096-entry cache that kept every text
+    (about 1 GB of them in the worst case) for the life of the process."""
+    import tracemalloc
+
+    from agentrt.events import event_from_fields
+    from agentrt.timefmt import ZERO_TIME
+    from agentrt.trace import jsonl_record
+
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(256):
+            at = f"{i:08d}" + "x" * MAX_PAGE_TEXT + "…[truncated: 70000 characters]"
+            event = event_from_fields((i + 1, "r", "", at, "t", b"{}"))
+            assert event.at == ZERO_TIME
+            assert b'"at":"0001-01-01T00:00:00Z"' in jsonl_record(event)
+            del at, event
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < 2_000_000, f"{kept} bytes kept after reading 256 huge times"
