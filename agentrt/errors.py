@@ -158,6 +158,26 @@ class SymlinkError(AgentrtError):
         Exception.__init__(self, f"agentrt: {self.detail}")
 
 
+def mode_string(mode: int) -> str:
+    """``mode`` as Go's ``FileMode.String()`` prints it, as the reference's messages
+    do: the type and setuid, setgid, sticky letters ("Lrwxrwxrwx", "urwxr-xr-x";
+    "-" for a regular file), then rwx."""
+    kind = stat.S_IFMT(mode)
+    letters = {  # in Go's order, "dalTLDpSugct?", for the flags its os.Stat sets
+        "d": kind == stat.S_IFDIR,
+        "L": kind == stat.S_IFLNK,
+        "D": kind in (stat.S_IFBLK, stat.S_IFCHR),
+        "p": kind == stat.S_IFIFO,
+        "S": kind == stat.S_IFSOCK,
+        "u": bool(mode & stat.S_ISUID),
+        "g": bool(mode & stat.S_ISGID),
+        "c": kind == stat.S_IFCHR,
+        "t": bool(mode & stat.S_ISVTX),
+    }
+    head = "".join(letter for letter, on in letters.items() if on) or "-"
+    return head + "".join(c if mode & (1 << (8 - i)) else "-" for i, c in enumerate("rwxrwxrwx"))
+
+
 class InsecureModeError(AgentrtError):
     """A database or WAL file others could write, or a sidecar we cannot trust."""
 
@@ -166,7 +186,7 @@ class InsecureModeError(AgentrtError):
         self.mode = mode
         self.reason = reason
         self.detail = (
-            f"{path} is {stat.filemode(mode)}, {reason}; the runtime keeps its "
+            f"{path} is {mode_string(mode)}, {reason}; the runtime keeps its "
             f"database readable and writable by its owner only: chmod 600 {path} and "
             "chown it to the user that runs the runtime"
         )

@@ -166,7 +166,10 @@ def refuse_newer(conn: apsw.Connection, path: str) -> int:
     keeps the refusal from switching the file to WAL first.
     """
     row = conn.execute(
-        "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'schema_migrations'"
+        # SQLite's names ignore case: a "Schema_Migrations" is the table every
+        # statement reads, and missing it would skip the checks made before writing.
+        "SELECT 1 FROM sqlite_schema WHERE lower(type) = 'table' "
+        "AND lower(name) = 'schema_migrations'"
     ).fetchone()
     if row is None:
         return 0

@@ -26,6 +26,7 @@ from agentrt.errors import (
     SchemaVersionError,
     SymlinkError,
     UnsafeSchemaError,
+    mode_string,
 )
 from agentrt.records import SCHEMA_VERSION
 from agentrt.store.migrations import current_version, migrate, refuse_newer
@@ -140,12 +141,13 @@ def secure_files(path: str, *, create: bool, write: bool) -> None:
                     os.chmod(name, 0o600)
 
 
-def connect(uri: str, *, write: bool, create: bool = False) -> apsw.Connection:
+def connect(uri: str, *, write: bool, create: bool = False, path: str = "") -> apsw.Connection:
     """A connection with the runtime's pragmas: defensive, untrusted schema, busy wait.
 
     Writers also get ``synchronous=FULL``: in WAL mode NORMAL can lose the last
     commits on power loss, and the last commit may be the ``step.tool_started``
-    of a tool that ran.
+    of a tool that ran. A writer of a file this user cannot write (``path``) is
+    refused before the pragmas read it.
     """
     flags = apsw.SQLITE_OPEN_URI
     if write:
@@ -156,6 +158,8 @@ def connect(uri: str, *, write: bool, create: bool = False) -> apsw.Connection:
         flags |= apsw.SQLITE_OPEN_READONLY
     conn = apsw.Connection(uri, flags=flags)
     try:
+        if write:
+            refuse_read_only(conn, path or uri)
         conn.set_busy_timeout(BUSY_TIMEOUT_MS)
         conn.config(apsw.SQLITE_DBCONFIG_DEFENSIVE, 1)
         conn.config(apsw.SQLITE_DBCONFIG_TRUSTED_SCHEMA, 0)
@@ -226,6 +230,16 @@ def refuse_other_names(path: str) -> None:
             f"{path} has {links} names (hard links), and SQLite keeps a -wal for each name, "
             "so writers using two of them lose each other's commits: remove the other names "
             f"(find / -xdev -samefile {path}), or give this one a copy of its own")
+
+
+def refuse_directory_path(path: str) -> None:
+    """Refuse a path that can only name a directory ("state/", "state/.", ".."),
+    before anything is created: realpath drops that last part, so open_store
+    would make a file named as the directory is."""
+    if os.path.basename(path) in ("", ".", ".."):
+        raise StoreOpenError(
+            f"{path} names a directory, not a database file: name the database file "
+            f"itself, such as {os.path.join(path, 'agentrt.db')}")
 
 
 def refuse_long_path(path: str) -> None:
@@ -375,17 +389,49 @@ def _read_only_fs_sentence(path: str) -> str:
 
 
 def _read_only_file(path: str) -> str | None:
-    """The sentence for a database this user cannot write, or None when it can."""
-    try:
-        st = os.stat(path)
-        if os.access(path, os.W_OK):
-            return None
-    except OSError:
-        return None
-    if _on_read_only_fs(path):
-        return _read_only_fs_sentence(path)
-    return (f"{path} is read-only to this user ({stat.filemode(st.st_mode)}, owner uid "
-            f"{st.st_uid}) and this needs to write it: {_owner_fix(path, st)}")
+    """The sentence for a database this user cannot write, or a -wal or -shm beside
+    it (writing the database writes them too), or None when it can write them all."""
+    real = os.path.realpath(path)  # SQLite keeps them beside the file a link names
+    for name in (path, real + "-wal", real + "-shm"):
+        try:
+            st = os.stat(name)
+            if os.access(name, os.W_OK):
+                continue
+        except OSError:
+            continue
+        if _on_read_only_fs(name):
+            return _read_only_fs_sentence(path)
+        return (f"{name} is read-only to this user ({mode_string(st.st_mode)}, owner uid "
+                f"{st.st_uid}) and this needs to write it: {_owner_fix(name, st)}")
+    return None
+
+
+def refuse_read_only(conn: apsw.Connection, path: str) -> None:
+    """Refuse a database this user cannot write: SQLite opens it read-only without
+    a word, and the first write would fail, after whatever came before it."""
+    if conn.readonly("main"):
+        raise StoreOpenError(_read_only_file(path) or f"{path} can only be opened read-only")
+
+
+def restore_sidecar_write(path: str) -> bool:
+    """Give back the owner's write bit to a -wal or -shm this user owns that lacks
+    it, and say whether one changed. SQLite makes them with the database's mode: a
+    read of a database its owner made 0400 leaves them 0400, and once the owner
+    makes it writable again (chmod 600, the fix a writer gives) they would refuse
+    every write. One that stays read-only is named by ``_read_only_file``."""
+    if not _MODES_MEAN_OWNERSHIP:
+        return False
+    changed = False
+    for name in (path + "-wal", path + "-shm"):
+        try:
+            st = os.lstat(name)
+            if (stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+                    and not st.st_mode & stat.S_IWUSR):
+                os.chmod(name, 0o600)
+                changed = True
+        except OSError:
+            continue  # gone (a last writer's close), or not ours to change: named later
+    return changed
 
 
 def _unopenable(path: str, *, write: bool) -> str | None:
@@ -402,7 +448,7 @@ def _unopenable(path: str, *, write: bool) -> str | None:
             continue
         can = "read and write" if wanted & os.W_OK else "read"
         return (f"{name} cannot be opened: permission denied, this user may not {can} it "
-                f"({stat.filemode(st.st_mode)}, owner uid {st.st_uid}); "
+                f"({mode_string(st.st_mode)}, owner uid {st.st_uid}); "
                 f"{_owner_fix(name, st)}")
     return None
 
@@ -546,6 +592,7 @@ def open_writer(path: str) -> tuple[apsw.Connection, apsw.Connection]:
     or view, a newer schema) come before the switch to WAL, the migrations
     and the tightening of modes.
     """
+    refuse_directory_path(path)
     refuse_long_path(path)
     # SQLite opens the file a symbolic link names and keeps its -wal, -shm and
     # -journal beside that file: the rules apply there.
@@ -555,7 +602,7 @@ def open_writer(path: str) -> tuple[apsw.Connection, apsw.Connection]:
     uri = sqlite_uri(path, {})
     conns: list[apsw.Connection] = []
     with _opening(path, conns, action=_OPEN_AGAIN):
-        conns.append(connect(uri, write=True, create=True))
+        conns.append(connect(uri, write=True, create=True, path=path))
         conn = conns[0]
         refuse_unsafe_schema(conn, path)
         refuse_other_encoding(conn, path)
@@ -570,6 +617,7 @@ def open_writer(path: str) -> tuple[apsw.Connection, apsw.Connection]:
             if _events_seq_is_not_the_rowid(conn):
                 raise _foreign_shape(
                     path, "has a table events whose seq is not its INTEGER PRIMARY KEY")
+        conn = _writable_sidecars(conns, path, real, uri)
         switch_to_wal(conn, path)
         migrate(conn, path)
         if 0 < version < SCHEMA_VERSION:
@@ -583,6 +631,7 @@ def open_writer(path: str) -> tuple[apsw.Connection, apsw.Connection]:
 
 def open_reader(path: str, read_only: bool) -> tuple[apsw.Connection, apsw.Connection | None]:
     """``open_existing``'s connections; a writer also gets the lease connection."""
+    refuse_directory_path(path)
     lstat_regular(path)
     refuse_long_path(path)
     secure_files(path, create=False, write=False)  # tightened below, once accepted
@@ -591,12 +640,7 @@ def open_reader(path: str, read_only: bool) -> tuple[apsw.Connection, apsw.Conne
     params = {"mode": "ro"} if read_only else {"mode": "rw"}
     conns: list[apsw.Connection] = []
     with _opening(path, conns, write=not read_only):
-        conns.append(connect(sqlite_uri(path, params), write=not read_only))
-        if not read_only and conns[0].readonly("main"):
-            # SQLite opens a file it may not write read-only, silently; the
-            # first write would fail, after whatever came before it.
-            refusal = _read_only_file(path)
-            raise StoreOpenError(refusal or f"{path} can only be opened read-only")
+        conns.append(connect(sqlite_uri(path, params), write=not read_only, path=path))
         try:
             refuse_unsafe_schema(conns[0], path)
         except (apsw.ReadOnlyError, apsw.CantOpenError, *WRITE_FAILED) as exc:
@@ -628,9 +672,25 @@ def open_reader(path: str, read_only: bool) -> tuple[apsw.Connection, apsw.Conne
             raise _version_error(path, version)
         refuse_foreign_shape(conns[0], path)
         if not read_only:
+            _writable_sidecars(conns, path, path, sqlite_uri(path, params))
             conns.append(connect(sqlite_uri(path, params), write=True))
             secure_files(path, create=False, write=True)
     return conns[0], (conns[1] if len(conns) > 1 else None)
+
+
+def _writable_sidecars(conns: list[apsw.Connection], path: str, real: str,
+                       uri: str) -> apsw.Connection:
+    """Before a writer's first write to a file it accepted: make writable a -wal or
+    -shm a read left read-only (the connection, which opened them read-only, is
+    opened again), and refuse, naming it, one that stays so. The writer's
+    connection, new or not."""
+    if restore_sidecar_write(real):
+        close_quietly(conns.pop())
+        conns.append(connect(uri, write=True, path=path))
+    said = _read_only_file(path)
+    if said is not None:
+        raise StoreOpenError(said)
+    return conns[0]
 
 
 def _cannot_make_shm(path: str, exc: apsw.Error) -> bool:
