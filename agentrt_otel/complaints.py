@@ -48,6 +48,11 @@ _ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")\]]+)")
 #: The gRPC exporter's failure line, and its line for a failure it retries.
 _GRPC_DETAILS = re.compile(r"error code: (StatusCode\.\w+), error details: (.*)"
                            r"|^Transient error (StatusCode\.\w+) encountered .*Error details: (.*)")
+#: gRPC's own preambles for a connection that failed, before the chain of
+#: causes they end with ("failed to connect to all addresses; last error:
+#: UNKNOWN: ipv4:127.0.0.1:1: Failed to connect to remote host: Connection refused").
+_GRPC_CONNECTING = re.compile(r"failed to connect to all addresses|connections to all backends "
+                              r"failing|DNS resolution failed|errors resolving ")
 _TLS_FAILED = re.compile(r"handshake failed", re.IGNORECASE)
 _SSL_REASON = re.compile(r"SSL routines:[^:]*:([A-Z_]+)")
 #: The HTTP exporter's last line for a failed request: its status and reason.
@@ -69,8 +74,9 @@ _TOO_LARGE = re.compile(
 
 def gist(message: str) -> str:
     """The part of an SDK exporter message that says why: the OS error of a
-    connection that failed, a gRPC status and its details, else the message
-    (its first line, at most 200 characters)."""
+    connection that failed, a gRPC status and its details (a collector's
+    whole, gRPC's own words for a connection that failed cut to the cause they
+    end with), else the message (its first line, at most 200 characters)."""
     found = _ERRNO.search(message)
     if found:
         return found.group(1).strip()
@@ -110,9 +116,11 @@ def _grpc_gist(code: str, details: str) -> str:
         return (f"{code}: the endpoint did not answer in HTTP/2, as gRPC does: if it is "
                 "an OTLP/HTTP port (a collector's is usually 4318), use --protocol "
                 "http/protobuf")[:_MAX]
-    cause = details.rsplit(": ", 1)[-1]
-    if cause.endswith("]") and "[" not in cause:
-        cause = cause[:-1]  # the end of a bracketed list of causes ("[...: Domain name not found]")
+    cause = details  # a collector's own words, kept whole ("x-api-key header: not valid ...")
+    if _GRPC_CONNECTING.match(details):
+        cause = details.rsplit(": ", 1)[-1]  # the cause gRPC's chain of words ends with
+        if cause.endswith("]") and "[" not in cause:
+            cause = cause[:-1]  # the end of a bracketed list ("[...: Domain name not found]")
     if cause == "Deadline Exceeded":
         return f"{code}: {_NO_ANSWER_SAID}"
     return (f"{code}: {cause}" if cause not in ("", "None") else code)[:_MAX]

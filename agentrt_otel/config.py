@@ -21,16 +21,21 @@ settings printed or tested are the ones in use.
 ``compression``             ``..._TRACES_COMPRESSION``, then ``..._COMPRESSION``:
                             ``none`` (or empty), ``gzip``, or, over HTTP only,
                             ``deflate``
-``insecure``                ``..._TRACES_INSECURE``, then ``..._INSECURE``;
-                            default: plain text exactly when the scheme is http
+``insecure``                gRPC only: the argument, else the endpoint's
+                            scheme (plain text for http, TLS for https); for
+                            an endpoint without one, ``..._TRACES_INSECURE``,
+                            then ``..._INSECURE`` ("true" in any case is true,
+                            anything else false, with a warning unless
+                            "false"), default TLS
 ``timeout``                 ``..._TRACES_TIMEOUT``, then ``..._TIMEOUT``, in
                             milliseconds as the OpenTelemetry specification and
                             the reference say (the Python SDK reads seconds);
                             default 10 s
 ==========================  =================================================
 
-A variable set to the empty string counts as unset, as the specification
-says; an empty argument is refused. Everything is checked here, so a value the
+A variable set to the empty string (or blanks) counts as unset, as the
+specification says; an empty argument is refused, and an argument of the wrong
+type too. Everything is checked here, so a value the
 exporter could never use is one sentence (a :class:`ConfigError`) before
 anything is sent, instead of an export retried for ever:
 
@@ -46,10 +51,12 @@ anything is sent, instead of an export retried for ever:
   ASCII and Latin-1 letters, spaces and tabs, on one line. gRPC metadata is
   narrower: names of ``a-z 0-9 - _ .`` (not ``-bin``, which carries bytes)
   and values of printable ASCII.
-- TLS certificate files are left to the SDK's HTTP exporter, which reads
-  their standard variables; over gRPC they are read here, each file from its
-  traces-specific variable, then the generic one, as the SDK's HTTP exporter
-  reads them (see :func:`_grpc_credentials`).
+- TLS certificate files are read here, each file from its traces-specific
+  variable, then the generic one, stripped, and given to the exporter of
+  either transport (see :func:`_grpc_credentials`); the SDK read them raw.
+- What the SDK's exporters still read from the environment themselves when
+  built, they read with the blank OTLP variables unset (see
+  :func:`_read_as_resolved`).
 - A credential provider plugin (``OTEL_PYTHON_EXPORTER_OTLP_{HTTP,GRPC}_
   [TRACES_]CREDENTIAL_PROVIDER``, the traces-specific variable first) is
   loaded here, as the SDK would load it, and refused in one sentence when it
@@ -76,7 +83,8 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import IO, Any, Literal, cast
 from urllib.parse import SplitResult, unquote, urlsplit
@@ -91,7 +99,7 @@ from opentelemetry.sdk.resources import (
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.version import __version__ as _SDK_VERSION
 
-from agentrt.errors import AgentrtError
+from agentrt.errors import AgentrtError, described
 
 __all__ = [
     "DEFAULT_SERVICE_NAME",
@@ -268,20 +276,36 @@ def _compression(env: Mapping[str, str], protocol: OTLPProtocol) -> Compression:
     raise ConfigError(f"otel: {name} {_shown(raw)}: {choices}")
 
 
-def _bool(name: str, raw: str) -> bool:
+def _bool(name: str, raw: str, warnings: list[str]) -> bool:
+    """A boolean variable as the specification reads one: "true" in any case
+    is true, anything else false, with a warning when it is not "false"."""
     value = raw.strip().lower()
-    if value == "true":
-        return True
-    if value == "false":
-        return False
-    raise ConfigError(f"otel: {name} {_shown(raw)}: true or false")
+    if value not in ("true", "false"):
+        warnings.append(f"otel: {name} {_shown(raw.strip())} is not true or false, so it counts "
+                        "as false (TLS), as the OpenTelemetry specification says: write true "
+                        "for plain text, or false")
+    return value == "true"
 
 
-def _insecure(arg: bool | None, env: Mapping[str, str]) -> bool | None:
+def _plain_text(arg: bool | None, url: str, env: Mapping[str, str],
+                warnings: list[str]) -> bool:
+    """Whether the gRPC channel is plain text: the argument's choice (the
+    ``--insecure`` flag), else the endpoint's scheme, http or https; the
+    ``_INSECURE`` variables count only for an endpoint without one (``host:port``,
+    ``dns:///...``), as the specification says."""
+    scheme = url.partition(":")[0].lower() if "://" in url else ""
+    if arg and scheme == "https":
+        # The flag is a request the https URL contradicts (not "skip verification").
+        raise ConfigError(f"otel: --insecure asks for plain text, but the endpoint "
+                          f"{_shown_url(url)} asks for TLS: give an http:// endpoint, or leave "
+                          "--insecure out (a certificate to trust goes in "
+                          "OTEL_EXPORTER_OTLP_CERTIFICATE)")
     if arg is not None:
         return arg
+    if scheme in ("http", "https"):
+        return scheme == "http"
     found = _first(env, "OTEL_EXPORTER_OTLP_TRACES_INSECURE", "OTEL_EXPORTER_OTLP_INSECURE")
-    return _bool(*found) if found else None
+    return _bool(*found, warnings) if found else False
 
 
 def parse_headers(name: str, raw: str) -> dict[str, str]:
@@ -679,28 +703,19 @@ def resolve_config(
     came from (an argument is named by its flag: ``--endpoint``, ``--header``)
     and the fix.
     """
+    _check_arguments(exporter=exporter, protocol=protocol, endpoint=endpoint, headers=headers,
+                     insecure=insecure, timeout=timeout, environ=environ)
     env = os.environ if environ is None else environ
     kind = _exporter(exporter, env)
     warnings: list[str] = []
     attrs = resource_attributes(env, warnings)
     if kind != "otlp":  # nothing is sent: the OTLP transport's settings are not read
         return OTelConfig(exporter=kind, resource_attributes=attrs, warnings=tuple(warnings))
-    secure_arg = _insecure(insecure, env)
     wait = _timeout(timeout, env)
     proto = _protocol(protocol, env)
     url = _endpoint(endpoint, proto, env, warnings)
     _check_tls_files(env)
-    scheme = url.partition(":")[0].lower() if "://" in url else ""
-    plain = scheme == "http" if secure_arg is None else secure_arg
-    if insecure and scheme == "https":
-        # The variables yield to the scheme, as the specification says; the
-        # flag is a request the https URL contradicts (not "skip verification").
-        raise ConfigError(f"otel: --insecure asks for plain text, but the endpoint "
-                          f"{_shown_url(url)} asks for TLS: give an http:// endpoint, or leave "
-                          "--insecure out (a certificate to trust goes in "
-                          "OTEL_EXPORTER_OTLP_CERTIFICATE)")
-    if scheme == "https":
-        plain = False
+    plain = _plain_text(insecure, url, env, warnings)
     return OTelConfig(
         exporter=kind,
         protocol=proto,
@@ -712,6 +727,48 @@ def resolve_config(
         compression=_compression(env, proto),
         warnings=tuple(warnings),
     )
+
+
+def _check_arguments(**arguments: object) -> None:
+    """Refuse an argument of a type :func:`resolve_config` cannot read, in one
+    sentence: ``insecure="false"`` was taken for true, and the others raised a
+    TypeError or AttributeError from deep inside."""
+    for name in ("exporter", "protocol", "endpoint"):
+        value = arguments[name]
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"otel: {name} is {described(value)}, not a str, nor None")
+    insecure = arguments["insecure"]
+    if insecure is not None and not isinstance(insecure, bool):
+        raise ConfigError(f"otel: insecure is {described(insecure)}, not True, False or None")
+    timeout = arguments["timeout"]
+    if timeout is not None and (isinstance(timeout, bool)
+                                or not isinstance(timeout, (int, float))):
+        raise ConfigError(f"otel: timeout is {described(timeout)}, not a number of seconds, "
+                          "nor None")
+    headers = arguments["headers"]
+    if headers is not None:
+        if not isinstance(headers, Mapping):
+            # Its type alone: a header string may hold a secret.
+            raise ConfigError(f"otel: headers is {_type_of(headers)}, not a mapping of header "
+                              "names to values (str to str), nor None")
+        for key, value in headers.items():
+            if not isinstance(key, str):
+                raise ConfigError(f"otel: headers has a name that is {described(key)}, not a str")
+            if not isinstance(value, str):
+                raise ConfigError(f"otel: header {_shown(key)} is given {_type_of(value)}, "
+                                  "not a str")
+    environ = arguments["environ"]
+    if environ is not None and not isinstance(environ, Mapping):
+        raise ConfigError(f"otel: environ is {_type_of(environ)}, not a mapping of variable "
+                          "names to values, nor None (for os.environ)")
+
+
+def _type_of(value: object) -> str:
+    """``None``, ``a str``, ``an int``: a value's type alone (a header's value may be a secret)."""
+    if value is None:
+        return "None"
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
 #: The TLS files the SDK exporters read from the environment themselves.
@@ -770,53 +827,102 @@ def build_exporter(
     if config.exporter == "console":
         out = console_out if console_out is not None else cast(IO[str], _StandardOutput())
         return ConsoleSpanExporter(out=out)
-    from agentrt_otel.answers import (
-        GRPC_CREDENTIAL_PROVIDERS,
-        HTTP_CREDENTIAL_PROVIDERS,
-        checked_grpc_exporter,
-        checked_http_session,
-        grpc_proxy,
-        say_rejected,
-    )
+    from agentrt_otel.answers import say_rejected
 
     told = on_rejected if on_rejected is not None else say_rejected
-    if config.protocol == "grpc":
-        # gRPC's C core logs each failed TLS handshake on its own, once per
-        # reconnect, and each proxy that refused a tunnel as an error: the
-        # sink's one line per outage says it instead.
-        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
-        import grpc  # type: ignore[import-untyped]
+    with _read_as_resolved():
+        if config.protocol == "grpc":
+            return _grpc_exporter(config, told)
+        return _http_exporter(config, told)
 
-        # gRPC's C core reads the lowercase proxy variables alone, and proxies
-        # the loopback too, which no proxy can reach: the proxy is chosen here
-        # as the reference's grpc-go chooses it, and handed to this channel
-        # alone (os.environ is left as it is for the rest of the process).
-        proxy = grpc_proxy(*_grpc_target(config.endpoint))
-        credentials, sends_certificate = (None, False) if config.insecure else (
-            _grpc_credentials(os.environ, GRPC_CREDENTIAL_PROVIDERS))
-        return checked_grpc_exporter(
-            told,
-            proxy,
-            sends_certificate,
-            endpoint=config.endpoint,
-            insecure=config.insecure,
-            headers=dict(config.headers) or None,
-            timeout=config.timeout,
-            compression={"gzip": grpc.Compression.Gzip,
-                         "deflate": grpc.Compression.Deflate}.get(
-                             config.compression, grpc.Compression.NoCompression),
-            channel_options=((("grpc.http_proxy", proxy[0]),) if proxy
-                             else (("grpc.enable_http_proxy", 0),)),
-            credentials=credentials,
-        )
+
+#: The variables the SDK's OTLP exporters read themselves, raw, when they are built.
+_SDK_READS = ("OTEL_EXPORTER_OTLP_", "OTEL_PYTHON_EXPORTER_OTLP_")
+
+
+def _quiet(record: logging.LogRecord) -> bool:
+    return False
+
+
+@contextmanager
+def _read_as_resolved() -> Iterator[None]:
+    """Build an SDK exporter with the blank OTLP variables unset and the SDK's
+    header parser silent, then put both back.
+
+    Its constructors read some variables raw, whatever they are given: over
+    gRPC, ``float()`` of a blank ``OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`` (a
+    traceback), a blank certificate variable taken for a file and a blank
+    credential provider for a plugin's name. A blank variable counts as
+    unset here, as the specification says, so it is unset while they read.
+    And the SDK's header parser logs an entry it finds malformed whole, a
+    secret with it; the headers it is given were parsed and checked here.
+    """
+    blank = {name: value for name, value in os.environ.items()
+             if name.startswith(_SDK_READS) and not value.strip()}
+    for name in blank:
+        del os.environ[name]
+    sdk_log = logging.getLogger("opentelemetry.util.re")
+    sdk_log.addFilter(_quiet)
+    try:
+        yield
+    finally:
+        sdk_log.removeFilter(_quiet)
+        for name, value in blank.items():
+            os.environ.setdefault(name, value)
+
+
+def _grpc_exporter(config: OTelConfig, told: Callable[[int, str], None]) -> SpanExporter:
+    from agentrt_otel.answers import GRPC_CREDENTIAL_PROVIDERS, checked_grpc_exporter, grpc_proxy
+
+    # gRPC's C core logs each failed TLS handshake on its own, once per
+    # reconnect, and each proxy that refused a tunnel as an error: the
+    # sink's one line per outage says it instead.
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    import grpc  # type: ignore[import-untyped]
+
+    # gRPC's C core reads the lowercase proxy variables alone, and proxies
+    # the loopback too, which no proxy can reach: the proxy is chosen here
+    # as the reference's grpc-go chooses it, and handed to this channel
+    # alone (os.environ is left as it is for the rest of the process).
+    proxy = grpc_proxy(*_grpc_target(config.endpoint))
+    credentials, sends_certificate = (None, False) if config.insecure else (
+        _grpc_credentials(os.environ, GRPC_CREDENTIAL_PROVIDERS))
+    return checked_grpc_exporter(
+        told,
+        proxy,
+        sends_certificate,
+        endpoint=config.endpoint,
+        insecure=config.insecure,
+        headers=dict(config.headers) or None,
+        timeout=config.timeout,
+        compression={"gzip": grpc.Compression.Gzip,
+                     "deflate": grpc.Compression.Deflate}.get(
+                         config.compression, grpc.Compression.NoCompression),
+        channel_options=((("grpc.http_proxy", proxy[0]),) if proxy
+                         else (("grpc.enable_http_proxy", 0),)),
+        credentials=credentials,
+    )
+
+
+def _http_exporter(config: OTelConfig, told: Callable[[int, str], None]) -> SpanExporter:
     import requests
     from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
         OTLPSpanExporter as HttpExporter,
     )
 
+    from agentrt_otel.answers import HTTP_CREDENTIAL_PROVIDERS, checked_http_session
+
+    def tls_file(kind: str) -> str | None:
+        found = _tls_file(os.environ, kind)
+        return found[1] if found else None
+
     return HttpExporter(
         endpoint=config.endpoint,
+        # The files checked, stripped (the SDK would read the variables raw).
+        certificate_file=tls_file("CERTIFICATE"),
+        client_certificate_file=tls_file("CLIENT_CERTIFICATE"),
+        client_key_file=tls_file("CLIENT_KEY"),
         headers=dict(config.headers) or None,
         timeout=config.timeout,
         compression=HttpCompression(config.compression),
@@ -825,6 +931,13 @@ def build_exporter(
             told, unsent=_headers_the_sdk_adds() - set(config.headers), endpoint=config.endpoint,
             base=_credential_plugin(os.environ, HTTP_CREDENTIAL_PROVIDERS, requests.Session)),
     )
+
+
+def _tls_file(env: Mapping[str, str], kind: str) -> tuple[str, str] | None:
+    """The TLS file of ``kind`` (``CERTIFICATE``, ``CLIENT_CERTIFICATE``,
+    ``CLIENT_KEY``) and the variable naming it, read as every setting is: the
+    traces-specific variable, then the generic one, a blank one unset."""
+    return _first(env, f"OTEL_EXPORTER_OTLP_TRACES_{kind}", f"OTEL_EXPORTER_OTLP_{kind}")
 
 
 def _credential_plugin(env: Mapping[str, str], names: tuple[str, ...], kind: type) -> Any:
@@ -885,7 +998,7 @@ def _grpc_credentials(env: Mapping[str, str], providers: tuple[str, ...]) -> tup
         return plugin, True
 
     def read(kind: str) -> bytes | None:
-        found = _first(env, f"OTEL_EXPORTER_OTLP_TRACES_{kind}", f"OTEL_EXPORTER_OTLP_{kind}")
+        found = _tls_file(env, kind)
         if found is None:
             return None
         try:
@@ -925,21 +1038,13 @@ def _headers_the_sdk_adds() -> frozenset[str]:
     adds to the headers it is given (gRPC's does not): those the config did
     not choose are not sent, so ``--header`` replaces the variable over HTTP
     as it does over gRPC; but for the SDK's own content-type and user-agent,
-    which a request cannot go without. Read as the SDK reads them, its
-    warnings about entries it skips left to the SDK, which gives them once."""
+    which a request cannot go without. Read as the SDK reads them, while the
+    exporter is built (:func:`_read_as_resolved`: blank variables unset, the
+    SDK's parser silent)."""
     from opentelemetry.util.re import parse_env_headers
 
     raw = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS")
            or os.environ.get("OTEL_EXPORTER_OTLP_HEADERS", ""))
     if not raw:
         return frozenset()
-    sdk_log = logging.getLogger("opentelemetry.util.re")
-    def quiet(record: logging.LogRecord) -> bool:
-        return False
-
-    sdk_log.addFilter(quiet)
-    try:
-        names = parse_env_headers(raw, liberal=True)
-    finally:
-        sdk_log.removeFilter(quiet)
-    return frozenset(names) - _SDK_OWN_HEADERS
+    return frozenset(parse_env_headers(raw, liberal=True)) - _SDK_OWN_HEADERS

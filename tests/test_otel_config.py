@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import logging
+import os
 from typing import Any
 from urllib.parse import quote
 
@@ -113,8 +115,6 @@ def test_otlp_builds_the_exporter_for_the_protocol(env: dict[str, str], kind: ty
      'otel: OTLP protocol "http/json": http/protobuf or grpc'),
     ({"OTEL_TRACES_EXPORTER": "zipkin"},
      'otel: OTEL_TRACES_EXPORTER "zipkin": otlp, console, or none'),
-    ({"OTEL_EXPORTER_OTLP_INSECURE": "yes"},
-     'otel: OTEL_EXPORTER_OTLP_INSECURE "yes": true or false'),
     ({"OTEL_EXPORTER_OTLP_TIMEOUT": "soon"},
      'otel: OTEL_EXPORTER_OTLP_TIMEOUT "soon": give a number of milliseconds from 1 to '
      "86400000 (a day)"),
@@ -193,6 +193,75 @@ def test_the_grpc_endpoint_and_tls_follow_the_same_precedence(
 ) -> None:
     config = resolve_config(protocol="grpc", endpoint=arg, environ=env)
     assert (config.endpoint, config.insecure) == (endpoint, insecure)
+
+
+@pytest.mark.parametrize("endpoint", [None, "http://localhost:4317", "http://c:4317"])
+@pytest.mark.parametrize("variable", ["OTEL_EXPORTER_OTLP_INSECURE",
+                                      "OTEL_EXPORTER_OTLP_TRACES_INSECURE"])
+def test_an_insecure_false_variable_leaves_an_http_endpoint_in_plain_text(
+    variable: str, endpoint: str | None,
+) -> None:
+    # The specification: _INSECURE applies only to an endpoint without an http
+    # or https scheme; "false" turned on TLS for http://, the default included.
+    config = resolve_config(protocol="grpc", endpoint=endpoint, environ={variable: "false"})
+    assert config.insecure is True
+    exporter = build_exporter(config)
+    assert isinstance(exporter, GrpcExporter) and exporter._insecure is True
+    exporter.shutdown()
+    env = {variable: "false", "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint or "http://c:4317"}
+    assert resolve_config(protocol="grpc", environ=env).insecure is True
+    # The flag keeps its meaning: insecure=False asks for TLS whatever the scheme.
+    assert resolve_config(protocol="grpc", endpoint=endpoint, insecure=False,
+                          environ={}).insecure is False
+
+
+@pytest.mark.parametrize("value", ["yes", "1", "maybe", "on"])
+@pytest.mark.parametrize("variable", ["OTEL_EXPORTER_OTLP_INSECURE",
+                                      "OTEL_EXPORTER_OTLP_TRACES_INSECURE"])
+def test_a_boolean_variable_neither_true_nor_false_counts_as_false_with_a_warning(
+    variable: str, value: str,
+) -> None:
+    # The specification: any value but a case-insensitive "true" MUST be
+    # false, with a warning. It was refused.
+    config = resolve_config(protocol="grpc", endpoint="c:4317", environ={variable: value})
+    assert config.insecure is False
+    assert config.warnings == (
+        f'otel: {variable} "{value}" is not true or false, so it counts as false (TLS), as '
+        "the OpenTelemetry specification says: write true for plain text, or false",)
+    assert resolve_config(protocol="grpc", endpoint="c:4317",
+                          environ={variable: " TRUE "}).warnings == ()
+    # Where the scheme decides, the variable is not read, so not warned of.
+    assert resolve_config(protocol="grpc", environ={variable: value}).warnings == ()
+    assert resolve_config(environ={variable: value}).warnings == ()
+
+
+@pytest.mark.parametrize(("kw", "said"), [
+    ({"insecure": "false"}, "otel: insecure is a str ('false'), not True, False or None"),
+    ({"insecure": 1}, "otel: insecure is an int (1), not True, False or None"),
+    ({"timeout": "5"}, "otel: timeout is a str ('5'), not a number of seconds, nor None"),
+    ({"timeout": True}, "otel: timeout is a bool (True), not a number of seconds, nor None"),
+    ({"endpoint": 5}, "otel: endpoint is an int (5), not a str, nor None"),
+    ({"protocol": 1}, "otel: protocol is an int (1), not a str, nor None"),
+    ({"exporter": b"otlp"}, "otel: exporter is a bytes (b'otlp'), not a str, nor None"),
+    ({"headers": "a=b"}, "otel: headers is a str, not a mapping of header names to "
+     "values (str to str), nor None"),
+    ({"headers": [("a", "b")]}, "otel: headers is a list, not a mapping of header names to "
+     "values (str to str), nor None"),
+    ({"headers": {"a": 1}}, 'otel: header "a" is given an int, not a str'),
+    ({"headers": {"a": None}}, 'otel: header "a" is given None, not a str'),
+    ({"headers": {1: "b"}}, "otel: headers has a name that is an int (1), not a str"),
+    ({"environ": ["OTEL_X"]}, "otel: environ is a list, not a mapping of variable names to "
+     "values, nor None (for os.environ)"),
+])
+def test_resolve_config_refuses_arguments_of_the_wrong_type_in_one_sentence(
+    kw: dict[str, Any], said: str,
+) -> None:
+    # insecure="false" gave plain text; the others raised a TypeError or an
+    # AttributeError from deep inside.
+    kw.setdefault("environ", {})
+    with pytest.raises(ConfigError) as caught:
+        resolve_config(**kw)
+    assert str(caught.value) == said
 
 
 def test_an_insecure_argument_beats_the_variables() -> None:
@@ -431,6 +500,56 @@ def test_a_tls_file_variable_naming_nothing_readable_is_refused(tmp_path, name: 
     pem = tmp_path / "ca.pem"
     pem.write_text("-----BEGIN CERTIFICATE-----\n")
     resolve_config(environ={name: str(pem)})  # a readable file is the SDK's to judge
+
+
+@pytest.mark.parametrize(("env", "files"), [
+    ({"OTEL_EXPORTER_OTLP_CERTIFICATE": " {ca} "}, ("{ca}", None)),
+    ({"OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE": "\t", "OTEL_EXPORTER_OTLP_CERTIFICATE": "{ca}"},
+     ("{ca}", None)),
+    ({"OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE": "{ca}", "OTEL_EXPORTER_OTLP_CERTIFICATE": "{x}"},
+     ("{ca}", None)),
+    ({"OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": "{crt} ", "OTEL_EXPORTER_OTLP_CLIENT_KEY": " {key}",
+      "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY": ""}, (True, ("{crt}", "{key}"))),
+    ({"OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE": " "}, (True, None)),
+])
+def test_the_http_exporter_is_given_the_stripped_tls_files_that_were_checked(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], files: tuple[Any, Any],
+) -> None:
+    # The SDK's HTTP exporter read the variables raw: a path with a space
+    # around it passed the check and failed every export ("invalid path").
+    paths = {name: tmp_path / f"{name}.pem" for name in ("ca", "x", "crt", "key")}
+    for path in paths.values():
+        path.write_text("-----BEGIN CERTIFICATE-----\n")
+    env = {k: v.format(**paths) for k, v in env.items()}
+    for key in list(os.environ):
+        if key.startswith("OTEL_"):
+            monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    exporter = build_exporter(resolve_config())
+    assert isinstance(exporter, HttpExporter)
+    session = exporter._client._transport._session  # type: ignore[attr-defined]
+    verify, cert = files
+    assert session.verify == (verify if verify is True else verify.format(**paths))
+    assert session.cert == (None if cert is None else tuple(c.format(**paths) for c in cert))
+    exporter.shutdown()
+
+
+def test_a_header_value_the_sdk_finds_malformed_is_never_logged(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The SDK's header parser logged the whole variable while the exporter was
+    # built, before anything took its loggers: the secret on stderr.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key=s3cr3t;tok")
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", raising=False)
+    config = resolve_config()
+    assert dict(config.headers) == {"x-api-key": "s3cr3t;tok"}
+    for protocol in ("http/protobuf", "grpc"):
+        with caplog.at_level(logging.DEBUG):
+            exporter = build_exporter(resolve_config(protocol=protocol))
+        assert exporter is not None
+        exporter.shutdown()
+    assert "s3cr3t" not in caplog.text
 
 
 def test_an_endpoint_password_is_never_printed() -> None:
