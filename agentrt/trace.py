@@ -28,6 +28,7 @@ import json
 import os
 import re
 import select
+import socket
 import stat
 import threading
 import time
@@ -495,7 +496,7 @@ class LineWriter:
         self._flush_each = flush_each and hasattr(stream, "flush")
         #: Whether :meth:`write` waits out a non-blocking descriptor that is full
         #: (the line goes straight to the descriptor then, so flush_each holds).
-        self._wait = wait and _descriptor(stream) is not None
+        self._wait = wait and plain_descriptor(self._stream) is not None
         self._stop = stop
         self._lock = threading.Lock()
         self._err: Exception | None = None
@@ -535,15 +536,10 @@ class LineWriter:
         full disk) no stale record is left for the owner's ``close()`` to fail on."""
         if not self._flush_each:
             return None
-        stream = self._stream
-        inner = (stream._buffer if isinstance(stream, _UTF8UnderText)
-                 else getattr(stream, "buffer", stream))
-        if not isinstance(inner, (io.BufferedWriter, io.BufferedRandom, io.FileIO)):
-            return None
-        fd = _descriptor(stream)
+        fd = plain_descriptor(self._stream)
         if fd is None:
             return None
-        stream.flush()
+        self._stream.flush()
         return fd
 
     @staticmethod
@@ -558,7 +554,7 @@ class LineWriter:
     def _nonblocking_fd(self) -> int | None:
         """The stream's descriptor when it is non-blocking, else None. Asked at
         every line: a program (or a library in it) may switch the mode later."""
-        fd = _descriptor(self._stream)
+        fd = plain_descriptor(self._stream)
         if fd is None:
             return None
         try:
@@ -651,11 +647,12 @@ class LineWriter:
         """Write ``data`` and flush it, as :meth:`write` then :meth:`flush` would,
         counting in :attr:`arrived` the bytes known to have reached the
         destination: after a failure (a full disk, a file size limit) some may
-        have. A binary stream over a regular file is flushed, then written
-        with ``os.write``, which says how much the file took; any other stream
-        counts all or nothing (what a pipe took, its reader may never read),
-        but for a wait that ``stop`` cut short: its reader is still there, so
-        what the descriptor took is counted."""
+        have. A binary file object of Python's own over a regular file is
+        flushed, then written with ``os.write``, which says how much the file
+        took; any other stream (a compressor's file among them, written with
+        its own ``write``) counts all or nothing (what a pipe took, its reader
+        may never read), but for a wait that ``stop`` cut short: its reader
+        is still there, so what the descriptor took is counted."""
         with self._lock:
             self.arrived = 0
             if self._err is not None:
@@ -692,7 +689,7 @@ class LineWriter:
         stop; else None."""
         if self._stop is None or not self._wait:
             return None
-        fd = _descriptor(self._stream)
+        fd = plain_descriptor(self._stream)
         try:
             return fd if fd is not None and stat.S_ISFIFO(os.fstat(fd).st_mode) else None
         except OSError:
@@ -710,15 +707,16 @@ class LineWriter:
             raise
 
     def _flushed_fd(self) -> int | None:
-        """The descriptor of a binary stream over a regular file, its buffer
-        pushed out first; None for any other stream."""
+        """The descriptor of a binary file object of Python's own over a regular
+        file (see :func:`plain_descriptor`), its buffer pushed out first; None
+        for any other stream."""
         if self._text:
             return None
+        fd = plain_descriptor(self._stream)
         try:
-            fd = int(self._stream.fileno())
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            if fd is None or not stat.S_ISREG(os.fstat(fd).st_mode):
                 return None
-        except (AttributeError, OSError, ValueError):
+        except OSError:
             return None
         if hasattr(self._stream, "flush"):
             self._stream.flush()
@@ -748,6 +746,23 @@ def _descriptor(stream: Any) -> int | None:
         return int(stream.fileno())
     except (AttributeError, OSError, TypeError, ValueError):
         return None
+
+
+def plain_descriptor(stream: Any) -> int | None:
+    """The descriptor under ``stream`` when bytes written to it reach that
+    descriptor unchanged: the stream (or, for a text stream, its binary
+    ``buffer``) is a file object of Python's own (``open()``, ``sys.stdout``,
+    ``socket.makefile()``); else None. A compressor (``gzip.open``, ``bz2``,
+    ``lzma``) answers ``fileno()`` with the descriptor of the file underneath,
+    and bytes written there would skip the compression."""
+    inner = stream._buffer if isinstance(stream, _UTF8UnderText) else stream
+    if _is_text(inner):
+        inner = getattr(inner, "buffer", None)
+    if type(inner) in (io.BufferedWriter, io.BufferedRandom):
+        inner = getattr(inner, "raw", None)  # a buffer over a raw stream of some other kind
+    if type(inner) not in (io.FileIO, socket.SocketIO):
+        return None
+    return _descriptor(stream)
 
 
 def _wait_writable(fd: int, stop: threading.Event | None = None,

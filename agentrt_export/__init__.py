@@ -14,6 +14,7 @@ from agentrt_export.follower import (
     EventSink,
     Follower,
     FollowError,
+    HeadNotFoundError,
     PageSink,
     PartialPage,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "FileCursor",
     "FollowError",
     "Follower",
+    "HeadNotFoundError",
     "JSONLSink",
     "MemoryCursor",
     "OutputStopped",

@@ -465,12 +465,13 @@ def otel(endpoint: str | None, protocol: str | None, headers: tuple[str, ...],
 
 
 def _stop_signals() -> tuple[signal.Signals, ...]:
-    """SIGTERM, SIGINT and SIGHUP (the terminal closed) stop cleanly; a SIGHUP
-    ignored on the way in (``nohup``) stays ignored."""
-    hangup = getattr(signal, "SIGHUP", None)
-    if hangup is None or signal.getsignal(hangup) == signal.SIG_IGN:
-        return (signal.SIGTERM, signal.SIGINT)
-    return (signal.SIGTERM, signal.SIGINT, hangup)
+    """SIGTERM, SIGINT and SIGHUP (the terminal closed) stop cleanly; a SIGINT
+    or SIGHUP ignored on the way in stays ignored: ``nohup`` ignores SIGHUP, and
+    a shell script's ``cmd &`` SIGINT, so that a Ctrl-C for the foreground
+    leaves the job alone."""
+    wanted = (signal.SIGINT, getattr(signal, "SIGHUP", None))
+    return (signal.SIGTERM, *(s for s in wanted
+                              if s is not None and signal.getsignal(s) != signal.SIG_IGN))
 
 
 def main(argv: list[str] | None = None) -> None:

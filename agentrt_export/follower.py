@@ -36,6 +36,7 @@ __all__ = [
     "EventSink",
     "FollowError",
     "Follower",
+    "HeadNotFoundError",
     "PageSink",
     "PartialPage",
 ]
@@ -58,6 +59,11 @@ class FollowError(AgentrtError):
     not fit the database."""
 
     base = "export"
+
+
+class HeadNotFoundError(FollowError, NotFoundError):
+    """:meth:`Follower.head` found no event at the cursor's seq: a FollowError,
+    and a NotFoundError as the specification's wrapped ErrNotFound is."""
 
 
 class EventSink(Protocol):
@@ -131,7 +137,7 @@ class Follower:
         if interval is not None and (isinstance(interval, bool)
                                      or not isinstance(interval, (int, float))):
             raise FollowError(f"interval is {_described(interval)}, not a number of seconds")
-        if interval is not None and math.isnan(interval):
+        if isinstance(interval, float) and math.isnan(interval):
             raise FollowError("interval nan is not a number of seconds")
         if interval is not None and interval < 0:
             raise FollowError(f"interval {interval} is negative")
@@ -257,6 +263,8 @@ class Follower:
             return 0, ""
         try:
             return seq, self.store.event_hash(seq)
+        except NotFoundError as exc:
+            raise HeadNotFoundError(f"head at seq {seq}: {exc}") from exc
         except AgentrtError as exc:
             raise FollowError(f"head at seq {seq}: {exc}") from exc
 
@@ -272,6 +280,12 @@ class Follower:
             except PartialPage as cut:
                 # The first events reached the destination: a restart must
                 # begin after them, with the one that failed.
+                if not _usable_count(cut.accepted, len(page)):
+                    cut.error.add_note(
+                        f"the sink's PartialPage count was unusable: {_described(cut.accepted)}, "
+                        f"not an int from 0 to {len(page)} (the events of the page); the cursor "
+                        "was not saved")
+                    raise cut.error from None
                 if cut.accepted:
                     self._save_before_raising(page[cut.accepted - 1].seq, cut.error,
                                               (page[-1].seq, end_hash))
@@ -323,7 +337,8 @@ class Follower:
         """Deliver every event after the cursor, then (unless ``once``) wait for more.
 
         Returns when ``stop`` is set (after finishing the page in hand and saving
-        the cursor) or, with ``once``, when caught up. A sink exception stops the
+        the cursor; a ``stop`` set before the call reads and delivers nothing)
+        or, with ``once``, when caught up. A sink exception stops the
         follower with the cursor just before the refused event and propagates.
         Before anything is delivered, a ``FileCursor`` that could not be saved
         (see ``FileCursor.check``) or that another exporter holds (see
@@ -363,6 +378,8 @@ class Follower:
         delivered: str | None = None  # the chain hash at seq, as this follower read it
         try:
             while True:
+                if stop.is_set():  # before each read, the first included: nothing more is handed
+                    return
                 version = self.store.data_version()
                 page, at_seq, at_end = self._read(seq)
                 if opened is not None and (now := file_identity(path)) != opened:
@@ -443,6 +460,12 @@ def _refuse_awaitable(result: object, sink: object) -> None:
         raise FollowError(f"sink {_described(sink)} returned {_described(result)}, which "
                           "has not run: the event was not handled; await it inside the sink "
                           "(asyncio.run) or pass a function that does the work")
+
+
+def _usable_count(accepted: object, page_size: int) -> bool:
+    """Whether a PartialPage's ``accepted`` counts events of a page of ``page_size``."""
+    return (isinstance(accepted, int) and not isinstance(accepted, bool)
+            and 0 <= accepted <= page_size)
 
 
 def _scope_words(scope: str) -> tuple[str, str]:

@@ -17,7 +17,7 @@ from typing import IO
 
 from agentrt.errors import described
 from agentrt.events import Event
-from agentrt.trace import LineWriter, OutputStopped, check_stream, jsonl_record
+from agentrt.trace import LineWriter, OutputStopped, check_stream, jsonl_record, plain_descriptor
 from agentrt_export.follower import FollowError, PartialPage
 
 __all__ = ["JSONLSink", "OutputStopped"]
@@ -168,7 +168,8 @@ _TAIL_LIMIT = 16 << 20
 def torn_tail(stream: object) -> bytes:
     """The bytes after the last newline of the regular file ``stream`` writes
     at the end of, or b'' when it ends in a newline, is empty, is not a binary
-    stream over a regular file, or cannot be read back.
+    file object of Python's own over a regular file (a compressor's file holds
+    other bytes than those written), or cannot be read back.
 
     Standard output opened with ``>>`` is write-only, so the file is read
     through a descriptor of its own (``/proc/self/fd`` on Linux).
@@ -176,13 +177,10 @@ def torn_tail(stream: object) -> bytes:
     try:
         if isinstance(stream, io.TextIOBase):
             return b""
-        fileno = getattr(stream, "fileno", None)
-        if fileno is None:
+        fd = plain_descriptor(stream)  # not a compressor's file: it holds other bytes
+        if fd is None:
             return b""
-        flush = getattr(stream, "flush", None)
-        if flush is not None:
-            flush()
-        fd = int(fileno())
+        stream.flush()  # type: ignore[attr-defined]
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
             return b""

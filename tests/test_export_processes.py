@@ -163,6 +163,31 @@ def test_export_is_exactly_once_across_a_signal_and_a_restart(tmp_path, sig):
     assert seqs == list(range(1, head_seq(db) + 1))
 
 
+def test_a_sigint_ignored_on_the_way_in_stays_ignored_and_sigterm_still_stops_cleanly(tmp_path):
+    """``agentrt-export ... &`` in a script: the shell starts the job with SIGINT
+    ignored, so the Ctrl-C meant for the foreground must not stop the exporter."""
+    db = str(tmp_path / "runs.db")
+    make_db(db, runs=2, events_per_run=3).close()
+    cursor = tmp_path / "cursor"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentrt_export.cli", "jsonl", "--db", db,
+         "--cursor-file", str(cursor), "--follow"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=child_env(), cwd=REPO_ROOT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        wait_for_cursor(cursor, 6)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        assert proc.poll() is None, "a SIGINT ignored on the way in stopped the exporter"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (proc.returncode, err) == (0, b"")
+
+
 def test_export_follow_prints_each_new_commit_live_and_stops_cleanly_while_waiting(tmp_path):
     db = str(tmp_path / "runs.db")
     make_db(db, runs=2, events_per_run=5).close()

@@ -1,0 +1,110 @@
+"""The JSON Lines sink over streams that are not a plain file: compressors.
+
+A compressing stream (gzip, bz2, lzma) answers ``fileno()`` with the
+descriptor of the file underneath; what is written there skips the
+compressor. The sink writes such a stream through its own ``write``.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import lzma
+import os
+import threading
+
+import pytest
+from eventdb import make_db
+
+from agentrt.events import Event
+from agentrt.store import open_existing
+from agentrt.trace import jsonl_record, jsonl_with_err
+from agentrt_export import FileCursor, Follower, JSONLSink
+
+COMPRESSORS = [gzip, bz2, lzma]
+
+EVENTS = [
+    Event(1, "run-1", "", "2026-01-01T00:00:00Z", "run.created", b'{"goal":"a"}'),
+    Event(2, "run-1", "s", "2026-01-01T00:00:01Z", "step.decided", b'{"a":"\xc3\xa9"}'),
+]
+
+
+def _export(db: str, cursor: str, stream) -> None:
+    Follower(open_existing(db), cursor=FileCursor(cursor), once=True,
+             page_size=7).follow(JSONLSink(stream))
+
+
+@pytest.mark.parametrize("mode", ["wb", "wt"])
+@pytest.mark.parametrize("compressor", COMPRESSORS, ids=lambda m: m.__name__)
+def test_an_export_into_a_compressed_file_decompresses_to_the_plain_export(
+        tmp_path, compressor, mode):
+    db = str(tmp_path / "runs.db")
+    make_db(db, runs=2, events_per_run=10).close()
+    plain = tmp_path / "plain.jsonl"
+    with open(plain, "wb") as f:
+        _export(db, str(tmp_path / "plain.cursor"), f)
+    packed = tmp_path / "events.jsonl.x"
+    encoding = {"encoding": "utf-8"} if mode == "wt" else {}
+    with compressor.open(packed, mode, **encoding) as f:
+        _export(db, str(tmp_path / "packed.cursor"), f)
+    assert compressor.decompress(packed.read_bytes()) == plain.read_bytes()
+    assert FileCursor(str(tmp_path / "packed.cursor")).load() == 20
+
+
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "non-blocking"])
+def test_a_gzip_stream_over_a_pipe_with_a_stop_writes_through_the_compressor(blocking):
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, blocking)
+    with os.fdopen(read_end, "rb") as reader, os.fdopen(write_end, "wb") as pipe:
+        with gzip.GzipFile(fileobj=pipe, mode="wb") as packed:
+            JSONLSink(packed, stop=threading.Event()).handle_page(EVENTS)
+        pipe.close()
+        data = reader.read()
+    assert gzip.decompress(data) == b"".join(jsonl_record(e) for e in EVENTS)
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "latin-1"])
+def test_a_text_stream_over_gzip_over_a_pipe_writes_through_the_compressor(encoding):
+    read_end, write_end = os.pipe()
+    with os.fdopen(read_end, "rb") as reader, os.fdopen(write_end, "wb") as pipe:
+        with gzip.GzipFile(fileobj=pipe, mode="wb") as packed:
+            text = io.TextIOWrapper(packed, encoding=encoding)
+            JSONLSink(text, stop=threading.Event()).handle_page(EVENTS)
+            text.flush()
+            text.detach()
+        pipe.close()
+        data = reader.read()
+    assert gzip.decompress(data) == b"".join(jsonl_record(e) for e in EVENTS)
+
+
+@pytest.mark.parametrize("per_event", [False, True], ids=["page", "per event"])
+def test_appending_to_a_gzip_export_mends_nothing_and_adds_no_blank_line(tmp_path, per_event):
+    path = tmp_path / "events.jsonl.gz"
+    earlier = jsonl_record(EVENTS[0])
+    with gzip.open(path, "wb") as packed:
+        packed.write(earlier)
+    notes: list[str] = []
+    with gzip.open(path, "ab") as packed:
+        sink = JSONLSink(packed, on_mend=notes.append)
+        if per_event:
+            sink(EVENTS[1])
+            sink.flush()
+        else:
+            sink.handle_page(EVENTS[1:])
+    assert notes == []
+    assert gzip.decompress(path.read_bytes()) == earlier + jsonl_record(EVENTS[1])
+
+
+def test_a_live_jsonl_trace_into_gzip_over_a_non_blocking_pipe_is_compressed():
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    with os.fdopen(read_end, "rb") as reader, os.fdopen(write_end, "wb") as pipe:
+        with gzip.GzipFile(fileobj=pipe, mode="wb") as packed:
+            observe, failure = jsonl_with_err(packed)
+            for event in EVENTS:
+                observe(event)
+            assert failure() is None
+        pipe.close()
+        data = reader.read()
+    assert gzip.decompress(data) == b"".join(jsonl_record(e) for e in EVENTS)
