@@ -6,7 +6,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from agentrt_otel.records import AttributeValue, SpanEventRecord
 
-__all__ = ["Attrs", "Finished", "OpenSpan", "RunState", "StepState"]
+__all__ = ["Attrs", "OpenSpan", "RunState", "StepState"]
 
 Attrs = dict[str, AttributeValue]
 
@@ -82,18 +82,5 @@ class RunState:
 
     def empty(self) -> bool:
         return self.run is None and not self.steps and not self.models and not self.approvals
-
-
-class Finished:
-    """A run that ended: when, the model calls still awaiting a result, and the
-    calls its end closed as ``unknown`` (exported: a result that comes after
-    all, from a driver that lost its lease, must not export them again)."""
-
-    __slots__ = ("closed", "end_ns", "models")
-
-    def __init__(self, end_ns: int, models: dict[str, OpenSpan], closed: set[str]) -> None:
-        self.end_ns = end_ns
-        self.models = models
-        self.closed = closed
 
 

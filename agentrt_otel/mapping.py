@@ -28,7 +28,7 @@ run's spans that the replay ends are dropped: they ended before the cursor,
 so the process before delivered them. Every start time, attribute and span
 event is then the one a single pass produces, and a run that finished before
 the cursor is known to have finished (its late tool result or model result
-ends the same span as in one pass). A ``run.created`` needs no replay (it is
+maps as in one pass). A ``run.created`` needs no replay (it is
 a run's first event), so a pass from the start never reads the source.
 
 Cost: each run is replayed at most once per mapper, on its first event after
@@ -62,16 +62,16 @@ Deliberate departures from the reference (each keeps restart invariance):
    seq, as unknown event types already do. The two things the runtime does
    write after ``run.finished`` keep their meaning: a late
    ``step.tool_finished`` (its ``agentrt.tool.late`` span) and the result of
-   a model call that was in flight when the run was cancelled (below).
-2. *A model call in flight when a run is cancelled* is not closed with
-   status ``unknown`` at ``run.finished`` and then exported a second time
-   when its result arrives: its span stays pending (in the bounded memory of
-   finished runs) and ends once, with the result. A call still pending when
-   its run leaves that memory ends as the reference ends it (``unknown``, at
-   the run's end). Other run endings close open calls as ``unknown``: those
-   calls belong to a process that died or lost its lease. One that lost it
-   may still record the result (the record needs no lease); that result is
-   an ``agentrt.event`` span, as in 1, not the call's span a second time.
+   a model call that was in flight when the run ended (below).
+2. *The result of a model call in flight when its run ended* (a cancel
+   during the call, or a driver that lost its lease and records the result
+   all the same) does not export the call's span a second time: the run's
+   end closes every open call as ``unknown``, as the reference does, so a
+   call whose result never comes (its driver crashed) is exported with the
+   run; a result that comes later is a late ``agentrt.model`` span of its
+   own, ``span_id("model.late", call_id)`` under the step, with the result's
+   status, usage and ``agentrt.model.late`` true, as a late tool result is an
+   ``agentrt.tool.late`` span.
 3. *A second decision on an approval whose span already ended* (a spent
    grant expiring when the run resumes, ``approved`` then ``expired``) is a
    span event ``approval.decided`` on its step instead of a second approval
@@ -79,11 +79,6 @@ Deliberate departures from the reference (each keeps restart invariance):
 
 With a source, restart invariance is exact: the spans of any number of
 restarts equal one pass's, apart from a page exported twice after a kill.
-The one case outside it is departure 2 past the finished memory: a cancelled
-run's call whose result comes after ``finished_runs`` other runs ended is
-exported as ``unknown`` when its run is pushed out, and again with its
-result; a mapper that started after the run ended may not have held it, and
-exports only the second.
 """
 
 from __future__ import annotations
@@ -95,6 +90,7 @@ from functools import lru_cache
 
 from opentelemetry.trace import SpanKind, StatusCode
 
+from agentrt.errors import described
 from agentrt.events import Event, EventType
 from agentrt.trace import sanitize
 from agentrt_otel._fields import (
@@ -125,7 +121,7 @@ from agentrt_otel._fields import (
 )
 from agentrt_otel._payload import Field, Payload
 from agentrt_otel._restart import ReadFailed, earlier_events
-from agentrt_otel._state import Attrs, Finished, OpenSpan, RunState, StepState
+from agentrt_otel._state import Attrs, OpenSpan, RunState, StepState
 from agentrt_otel.ids import span_id, trace_id
 from agentrt_otel.records import (
     SpanEventRecord,
@@ -204,16 +200,20 @@ class SpanMapper:
         max_text: int = DEFAULT_MAX_TEXT,
         finished_runs: int = DEFAULT_FINISHED_RUNS,
     ) -> None:
-        if max_text < 0:
-            raise ValueError(f"otel: max_text {max_text} is negative")
-        if finished_runs < 0:
-            raise ValueError(f"otel: finished_runs {finished_runs} is negative")
+        for name, value in (("max_text", max_text), ("finished_runs", finished_runs)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"otel: {name} is {described(value)}, not an int: "
+                                "0 or more")
+            if value < 0:
+                raise ValueError(f"otel: {name} {value} is negative")
         self._max_text = max_text
         self._source = source
         self._replaying = False
         self._read_failed = False
         self._runs: dict[str, RunState] = {}
-        self._finished: OrderedDict[str, Finished] = OrderedDict()
+        # Finished runs, oldest first, with the model calls their end closed as
+        # ``unknown`` (a result that still comes is a late span, docstring 2).
+        self._finished: OrderedDict[str, set[str]] = OrderedDict()
         self._finished_cap = finished_runs
         # Keyed by the types' plain strings, which an event's type is.
         self._handlers: dict[str, Handler] = {k.value: v for k, v in {
@@ -257,12 +257,11 @@ class SpanMapper:
 
     @property
     def open_spans(self) -> int:
-        """Spans started and not yet ended (pending model calls included)."""
-        n = sum(
+        """Spans started and not yet ended."""
+        return sum(
             (st.run is not None) + len(st.steps) + len(st.models) + len(st.approvals)
             for st in self._runs.values()
         )
-        return n + sum(len(f.models) for f in self._finished.values())
 
     def map(self, event: Event) -> list[SpanRecord]:
         """The spans ``event`` finishes, in the order they ended."""
@@ -274,8 +273,8 @@ class SpanMapper:
             self._replay(event, out)
         payload = Payload.parse(event.payload)
         at = event_at_ns(event)
-        finished = self._finished.get(run_id)
-        if finished is not None and not self._after_end(event, payload, finished):
+        closed = self._finished.get(run_id)  # None while the run is not known to be over
+        if closed is not None and not self._after_end(event, payload, closed):
             self._event_span(event, payload, at, out)
         else:
             handler = self._handlers.get(event.type)
@@ -357,27 +356,23 @@ class SpanMapper:
         ))
 
     @staticmethod
-    def _after_end(event: Event, p: Payload, finished: Finished) -> bool:
+    def _after_end(event: Event, p: Payload, closed: set[str]) -> bool:
         """Events the runtime itself writes after ``run.finished``: a late tool
-        result, and a model result, unless the run's end closed that call as
-        ``unknown`` (exported already; a driver that lost its lease records
-        its result all the same)."""
+        result, and the result of a model call the run's end closed as
+        ``unknown`` (a cancel during the call, or a driver that lost its lease
+        and records its result all the same)."""
         t = event.type
         if t == _TOOL_FINISHED:
             return p.is_true("late")
         if t in (_MODEL_COMPLETED, _MODEL_FAILED):
-            return p.string("call_id") not in finished.closed
+            return p.string("call_id") in closed
         return False
 
-    def _remember_finished(self, run_id: str, end_ns: int, models: dict[str, OpenSpan],
-                           closed: set[str], out: list[SpanRecord]) -> None:
-        self._finished[run_id] = Finished(end_ns, models, closed)
+    def _remember_finished(self, run_id: str, closed: set[str]) -> None:
+        self._finished[run_id] = closed
         self._finished.move_to_end(run_id)
         while len(self._finished) > self._finished_cap:
-            _, old = self._finished.popitem(last=False)
-            for span in old.models.values():
-                span.attrs["agentrt.model.status"] = "unknown"
-                self._finish(span, max(old.end_ns, span.start_ns), out)
+            self._finished.popitem(last=False)
 
     # -- ensure run / step --------------------------------------------------
 
@@ -458,15 +453,10 @@ class SpanMapper:
             span.attrs["agentrt.approval.status"] = "pending"
             self._finish(span, at, out)
         st.approvals.clear()
-        pending: dict[str, OpenSpan] = {}
-        closed: set[str] = set()
-        for call_id, span in st.models.items():
-            if status == "CANCELLED":
-                pending[call_id] = span  # its result is still to come (docstring, 2)
-            else:
-                span.attrs["agentrt.model.status"] = "unknown"
-                self._finish(span, at, out)
-                closed.add(call_id)
+        for span in st.models.values():  # a result that comes later is late (docstring, 2)
+            span.attrs["agentrt.model.status"] = "unknown"
+            self._finish(span, at, out)
+        closed = set(st.models)
         st.models.clear()
         for step_id in list(st.steps):
             interrupted = st.steps[step_id].interrupted
@@ -488,7 +478,7 @@ class SpanMapper:
         st.current = ""
         st.steps.clear()
         del self._runs[e.run_id]
-        self._remember_finished(e.run_id, at, pending, closed, out)
+        self._remember_finished(e.run_id, closed)
 
     # -- step events --------------------------------------------------------
 
@@ -634,14 +624,16 @@ class SpanMapper:
         st = self._runs.get(e.run_id)
         span = st.models.pop(call_id, None) if st is not None else None
         if span is None:
-            finished = self._finished.get(e.run_id)
-            if finished is not None:
-                span = finished.models.pop(call_id, None)
-        if span is None:
+            # A call whose dispatch this mapper did not see, or, after the run's
+            # end closed it as unknown, its late result: a span of its own.
+            late = e.run_id in self._finished
             latency = p.integer("latency_ms")
             start = at if latency is None else clamp_ns(min(at - latency * 1_000_000, at))
             attrs = self._model_attrs({}, e, p)
-            span = OpenSpan("agentrt.model", e.run_id, _span_id("model", call_id),
+            if late:
+                attrs["agentrt.model.late"] = True
+            span = OpenSpan("agentrt.model", e.run_id,
+                            _span_id("model.late" if late else "model", call_id),
                             _span_id("step", e.step_id), _CLIENT, start, attrs)
         attrs = self._truncated(span.attrs, p)
         status = p.string("status")

@@ -8,10 +8,11 @@ import gc
 import tracemalloc
 from collections import Counter
 
+import pytest
 from span_helpers import full, one_pass, restarted
 
 from agentrt.events import Event
-from agentrt_otel import SpanMapper
+from agentrt_otel import SpanMapper, span_id
 
 
 def _event(seq: int, type_: str, payload: bytes = b"{}", step: str = "",
@@ -41,15 +42,18 @@ _STALE_RESULT = [
 ]
 
 
-def test_a_model_result_after_a_failed_end_is_an_event_span_not_its_call_exported_again(
+def test_a_model_result_after_a_failed_end_is_a_late_span_not_its_call_exported_again(
 ) -> None:
     spans = SpanMapper().map_all(_STALE_RESULT)
     ids = Counter((s.trace_id, s.span_id) for s in spans)
     assert max(ids.values()) == 1
     models = [s for s in spans if s.name == "agentrt.model"]
-    assert [s.attributes["agentrt.model.status"] for s in models] == ["unknown"]
-    assert spans[-1].name == "agentrt.event"
-    assert spans[-1].attributes["agentrt.event.type"] == "model.completed"
+    assert [s.attributes["agentrt.model.status"] for s in models] == ["unknown", "ok"]
+    late = spans[-1]
+    assert (late.name, late.span_id, late.parent_span_id) == (
+        "agentrt.model", span_id("model.late", "a-2"), span_id("step", "a-1"))
+    assert late.attributes["agentrt.model.late"] is True
+    assert late.attributes["agentrt.model.input_tokens"] == 1
 
 
 def test_the_stale_result_maps_the_same_after_a_restart_at_every_event() -> None:
@@ -97,3 +101,24 @@ def test_span_times_keep_the_nanoseconds_whatever_the_zone_is_written_as() -> No
 
     assert {start("2026-09-25T14:03:04.123456789Z"), start("2026-09-25T14:03:04.123456789z"),
             start("2026-09-25T16:03:04.123456789+02:00")} == {1790344984123456789}
+
+
+@pytest.mark.parametrize(("kwargs", "said"), [
+    ({"max_text": 2.5}, "otel: max_text is a float (2.5), not an int: 0 or more"),
+    ({"max_text": None}, "otel: max_text is None, not an int: 0 or more"),
+    ({"max_text": "5"}, "otel: max_text is a str ('5'), not an int: 0 or more"),
+    ({"max_text": True}, "otel: max_text is a bool (True), not an int: 0 or more"),
+    ({"finished_runs": 1.5}, "otel: finished_runs is a float (1.5), not an int: 0 or more"),
+])
+def test_a_span_mapper_refuses_a_setting_that_is_not_an_int_when_built(kwargs, said) -> None:
+    """Before: 2.5 was taken and the first long text failed inside map() with
+    'byte indices must be integers'; None and '5' failed with a comparison."""
+    with pytest.raises(TypeError) as info:
+        SpanMapper(**kwargs)
+    assert str(info.value) == said
+
+
+@pytest.mark.parametrize("name", ["max_text", "finished_runs"])
+def test_a_span_mapper_refuses_a_negative_setting(name) -> None:
+    with pytest.raises(ValueError, match=f"otel: {name} -1 is negative"):
+        SpanMapper(**{name: -1})
