@@ -15,6 +15,7 @@ __all__ = [
     "format_duration",
     "format_time",
     "format_time_nano",
+    "fraction_digits",
     "local_stamp",
     "parse_time",
     "to_unix_nanos",
@@ -171,6 +172,17 @@ def parse_time(text: str) -> datetime | None:
         return t.astimezone(UTC)
     except (ValueError, OverflowError) as exc:
         raise ValueError(f"time {_shown(text)} is out of range: {exc}") from None
+
+
+def fraction_digits(text: str) -> str | None:
+    """The fraction of a second an RFC 3339 ``text`` states, to the nanosecond and
+    without trailing zeros ('' for a whole second), or None when ``text`` is not
+    RFC 3339. A datetime keeps only microseconds; an offset is whole minutes, so
+    the fraction is the same in UTC."""
+    m = _RFC3339.match(text)
+    if m is None:
+        return None
+    return (m.group(7) or "").rstrip("0")
 
 
 def to_unix_nanos(t: datetime) -> int:

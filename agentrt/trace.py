@@ -42,8 +42,8 @@ import orjson
 
 from agentrt.errors import AgentrtError, described
 from agentrt.events import Event, Observer
-from agentrt.gojson import encode_string
-from agentrt.timefmt import format_time_nano, local_stamp
+from agentrt.gojson import STRING_PATTERN, encode_string
+from agentrt.timefmt import format_time_nano, fraction_digits, local_stamp, parse_time
 
 __all__ = [
     "LineWriter",
@@ -170,8 +170,10 @@ def sanitize(s: str) -> str:
 _WHITESPACE = b" \t\n\r"
 _SP, _TAB, _LF, _CR = _WHITESPACE
 #: Valid JSON split into strings and runs of other non-whitespace bytes;
-#: joining them drops exactly the insignificant whitespace.
-_PIECES = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[^" \t\n\r]+', re.DOTALL)
+#: joining them drops exactly the insignificant whitespace. Possessive (as
+#: gojson's): the backtracking form kept a stack that grew with the string,
+#: 234 MB over a 15 MB payload.
+_PIECES = re.compile(STRING_PATTERN + rb'|[^" \t\n\r]+', re.DOTALL)
 _loads = orjson.loads
 _dumps = orjson.dumps
 _JSONDecodeError = orjson.JSONDecodeError
@@ -295,6 +297,22 @@ def _valid_second(text: str) -> bool:
     return valid
 
 
+def _stated_fraction(text: str, t: datetime) -> bytes:
+    """The record's fraction and ``Z`` for a time stored in another form (trailing
+    zeros, an offset): the digits the text states, to the nanosecond, as Go
+    keeps them; ``t`` (its parse) holds only microseconds. A text that did not
+    parse reads as the zero time, which has no fraction."""
+    digits = fraction_digits(text)
+    if digits is not None:
+        try:
+            parse_time(text)
+        except ValueError:
+            digits = None
+    if digits is None:
+        digits = ("%06d" % t.microsecond).rstrip("0")
+    return b"." + digits.encode() + b"Z" if digits else b"Z"
+
+
 _RECORD = b'{"seq":%d,"run_id":%b%b,"at":"%b%b","type":%b,"payload":%b}\n'
 
 
@@ -337,11 +355,7 @@ def jsonl_record(event: Event) -> bytes:
     elif (t := event.at).tzinfo is UTC:  # every time read from a store
         key = (t.year, t.month, t.day, t.hour, t.minute, t.second)
         at = _SECONDS.get(key) or _second(key)
-        micro = t.microsecond
-        if micro % 10:  # no trailing zero to trim: nine times in ten
-            at_tail = b".%06dZ" % micro
-        else:
-            at_tail = (b".%06d" % micro).rstrip(b"0") + b"Z" if micro else b"Z"
+        at_tail = _stated_fraction(at_text, t)
     else:
         at, at_tail = format_time_nano(t).encode(), b""
 
@@ -825,14 +839,24 @@ def _observer(
         check_stream(stream, f"agentrt: {made_by}")
     out = LineWriter(stream, wait=True)  # a full non-blocking pipe is waited out
     write = out.write
+    unrendered: list[Exception] = []
 
     def observe(event: Event) -> None:
         # An observer must not break the run it watches; the failure is
         # reported by the err function instead.
+        try:
+            line = render(event)
+        except Exception as exc:  # noqa: BLE001 - this event writes nothing; noted
+            if not unrendered:
+                unrendered.append(exc)
+            return
         with contextlib.suppress(Exception):  # remembered; err() reports it
-            write(render(event))
+            write(line)
 
-    return observe, out.err
+    def err() -> Exception | None:
+        return out.err() or (unrendered[0] if unrendered else None)
+
+    return observe, err
 
 
 def writer_with_err(

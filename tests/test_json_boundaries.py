@@ -68,3 +68,31 @@ def test_a_surrogate_in_an_overwritten_value_is_said_before_the_duplicate_key(da
 def test_a_schema_number_past_what_python_converts_is_said_as_such():
     with pytest.raises(ValueError, match=r"of 5000 digits, more than Python converts \(4300\)"):
         compile_schema(b'{"type":"object","properties":{"n":{"maximum":' + b"1" * 5000 + b'}}}')
+
+
+_RECORD_PEAK = textwrap.dedent("""
+    from agentrt.events import Event
+    from agentrt.trace import jsonl_record
+    def hwm():
+        with open("/proc/self/status") as f:
+            return next(int(l.split()[1]) for l in f if l.startswith("VmHWM:"))
+    # Code in a tool's arguments: whitespace and escaped quotes in one long string,
+    # stored with Go's escapes, so the record must compact it piece by piece.
+    line = b'print(\\\\"hello world\\\\") \\\\u003c\\\\u003e\\\\n'
+    payload = b'{"args": {"content": "' + line * 400_000 + b'"}}'
+    event = Event(1, "r", "s", "2026-10-01T09:00:00Z", "step.decided", payload)
+    before = hwm()
+    record = jsonl_record(event)
+    assert record.count(b" ") == 800_000 and b'"args":{"content":' in record
+    print((hwm() - before) // 1024)
+""")
+
+
+def test_a_long_string_with_escaped_quotes_is_compacted_for_a_record_in_memory_near_its_size():
+    """The record's compaction split the payload with a backtracking string
+    pattern: 234 MB of state over this 15 MB payload (a live trace of a tool
+    call carrying code)."""
+    done = subprocess.run([sys.executable, "-c", _RECORD_PEAK], capture_output=True, text=True,
+                          env=child_env(), cwd=REPO_ROOT, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) < 100, done.stdout  # MB over the 15 MB input

@@ -410,12 +410,26 @@ def test_jsonl_record_time_is_the_stored_time_read_and_written_back(text):
     canonical = re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}"
                              r"(\.[0-9]{0,8}[1-9])?Z", text)
     expected = text.encode() if canonical and e.at != ZERO_TIME else go_time(e.at)
+    stated = re.fullmatch(r".*:[0-9]{2}\.([0-9]{1,9})([Zz]|[+-][0-9]{2}:[0-9]{2})", text)
+    if not canonical and stated and e.at != ZERO_TIME:  # the digits it states, as Go keeps them
+        digits = stated.group(1).rstrip("0").encode()
+        expected = expected.split(b".")[0].removesuffix(b"Z") + (
+            b"." + digits if digits else b"") + b"Z"
     assert b'"at":"' + expected + b'"' in jsonl_record(e)
 
 
-def test_jsonl_record_keeps_the_nanoseconds_of_a_go_written_time():
-    e = Event(7, "r", "", "2026-09-25T14:03:04.123456789Z", "step.decided", b"{}")
-    assert b'"at":"2026-09-25T14:03:04.123456789Z"' in jsonl_record(e)
+@pytest.mark.parametrize(("stored", "written"), [
+    ("2026-09-25T14:03:04.123456789Z", "2026-09-25T14:03:04.123456789Z"),
+    # Before: rebuilt from microseconds, .123456Z and .123456Z.
+    ("2026-09-25T14:03:04.123456780Z", "2026-09-25T14:03:04.12345678Z"),
+    ("2026-09-25T14:03:04.123456789+00:00", "2026-09-25T14:03:04.123456789Z"),
+    ("2026-09-25T16:33:04.000000100+02:30", "2026-09-25T14:03:04.0000001Z"),
+    ("2026-09-25T14:03:04.000000000Z", "2026-09-25T14:03:04Z"),
+    ("2026-02-30T14:03:04.5Z", "0001-01-01T00:00:00Z"),  # not a day: the zero time
+])
+def test_jsonl_record_keeps_the_nanoseconds_a_stored_time_states_in_any_form(stored, written):
+    e = Event(7, "r", "", stored, "step.decided", b"{}")
+    assert b'"at":"' + written.encode() + b'"' in jsonl_record(e)
 
 
 @given(st.text(), st.text(min_size=1))
@@ -533,6 +547,22 @@ def test_with_err_surfaces_a_write_failure_and_remembers_it(make):
     assert err() is first
     assert out.calls == 2  # nothing written after the first failure
     assert out.data.count(b"\n") == 1
+
+
+@pytest.mark.parametrize("make", [jsonl_with_err, writer_with_err])
+def test_an_event_that_cannot_be_rendered_writes_nothing_and_its_error_is_noted(make):
+    """Spec export 2.2: "the event writes nothing and the error is noted". Before:
+    dropped without a word (err() stayed None). The events after it are written."""
+    out = io.BytesIO()
+    observe, err = make(out)
+    observe(event(seq=1))
+    unrenderable = event(seq=2)._replace(payload=object())  # not bytes: no record
+    observe(unrenderable)
+    first = err()
+    assert isinstance(first, Exception)
+    observe(event(seq=3))
+    assert err() is first
+    assert out.getvalue().count(b"\n") == 2
 
 
 def test_jsonl_to_a_text_stream_writes_the_same_record():
