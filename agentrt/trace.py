@@ -309,7 +309,7 @@ def _stated_fraction(text: str, t: datetime) -> bytes:
         except ValueError:
             digits = None
     if digits is None:
-        digits = ("%06d" % t.microsecond).rstrip("0")
+        digits = f"{t.microsecond:06d}".rstrip("0")
     return b"." + digits.encode() + b"Z" if digits else b"Z"
 
 
