@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import apsw
 import click
 
-from agentrt.clitools import run_click, schema_sentence
+from agentrt.clitools import Count, run_click, schema_sentence
 from agentrt.errors import AgentrtError, SchemaVersionError
 from agentrt.store import Store, open_existing
 from agentrt.trace import sanitize
@@ -92,14 +92,14 @@ def follower_options(fn: F) -> F:
                      help="Where the position is kept across runs (created 0600). One "
                           "saved with --run ID serves only that run's export."),
         click.option("--run", "run", metavar="ID", help="Only this run's events."),
-        click.option("--after-seq", type=click.IntRange(min=0), metavar="N",
+        click.option("--after-seq", type=Count(min=0), metavar="N",
                      help="Start after this seq instead of a cursor file."),
         click.option("--follow", "-f", is_flag=True,
                      help="Keep following new commits until SIGTERM, SIGINT or SIGHUP."),
         click.option("--interval", type=_Seconds(), metavar="SECONDS",
                      help="Longest wait between checks once caught up "
                           "(default: 1 s with change notification, else 5 ms)."),
-        click.option("--page-size", type=click.IntRange(min=1, max=MAX_PAGE_SIZE),
+        click.option("--page-size", type=Count(min=1, max=MAX_PAGE_SIZE),
                      default=DEFAULT_PAGE_SIZE, show_default=True,
                      help="Events per read; at most one page is delivered again after "
                           "a hard kill."),

@@ -372,6 +372,10 @@ def test_export_reads_the_database_from_the_environment(tmp_path):
         (["jsonl", "--db", "{db}", "--cursor-file", "c", "--after-seq", "1"], 2,
          b"not both"),
         (["jsonl", "--db", "{db}", "--page-size", "0"], 2, b"--page-size"),
+        # As Go's flag parsing (before: Python's int() took these).
+        (["jsonl", "--db", "{db}", "--page-size", " 5"], 2, b"not a whole number in ASCII digits"),
+        (["jsonl", "--db", "{db}", "--after-seq", "\u0663"], 2,
+         "'\u0663' is not a whole number in ASCII digits".encode()),
         (["jsonl", "--db", "{db}", "--cursor-file", "{garbage}"], 1,
          b"does not hold a sequence number"),
         (["jsonl", "--db", "{db}", "--after-seq", "999"], 1,

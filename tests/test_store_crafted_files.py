@@ -129,3 +129,25 @@ def test_a_spent_seq_is_one_sentence_not_an_overflow(tmp_path):
 def test_parse_time_refuses_what_is_not_rfc3339(text):
     with pytest.raises(ValueError):
         parse_time(text)
+
+
+def test_a_seq_is_never_reused_when_events_is_named_in_another_case(tmp_path):
+    """SQLite's names ignore case and sqlite_sequence keeps the name as written:
+    for a table renamed "Events" the writer no longer saw the seqs handed out,
+    and gave the seq of a deleted newest event to the next one (a follower's
+    cursor past it skipped the new event)."""
+    path = str(tmp_path / "a.db")
+    with open_store(path) as store, store.tx() as tx:
+        tx.execute("INSERT INTO runs (id, goal, status, limits_json, created_at) "
+                   "VALUES ('r', 'g', 'RUNNING', '{}', '')")
+        for i in range(3):
+            tx.append("r", "", datetime(2026, 10, 1, tzinfo=UTC), "run.started", {"i": i})
+    conn = apsw.Connection(path)
+    conn.execute("ALTER TABLE events RENAME TO ev_tmp")
+    conn.execute("ALTER TABLE ev_tmp RENAME TO Events")
+    conn.execute("DELETE FROM Events WHERE seq = 3")
+    conn.close()
+    with open_store(path) as store:
+        with store.tx() as tx:
+            tx.append("r", "", datetime(2026, 10, 1, tzinfo=UTC), "run.started", {"i": 3})
+        assert store.chain_head()[0] == 4

@@ -129,7 +129,7 @@ def closed_error(path: str = "") -> StoreClosedError:
 # the newest stored event.
 _HEAD_SQL = (
     "SELECT MAX("
-    "COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'events'), 0), "
+    "COALESCE((SELECT seq FROM sqlite_sequence WHERE lower(name) = 'events'), 0), "
     "COALESCE((SELECT MAX(seq) FROM events), 0)), "
     "(SELECT CAST(hash AS TEXT) FROM events ORDER BY seq DESC LIMIT 1)"
 )
