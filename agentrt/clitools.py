@@ -32,12 +32,13 @@ _TEXT_VARIABLES = ("AGENTRT_DB",)
 
 
 class Count(click.IntRange):
-    """A whole number option in ASCII digits: Python's ``int()`` would also take
-    ``' 5'`` or an Arabic-Indic ``٣``, which Go's flag parsing refuses."""
+    """A whole number option written in ASCII digits and nothing else: Python's
+    ``int()`` would also take ``' 5'``, ``+5``, ``1_0`` or an Arabic-Indic
+    ``٣`` (read as 3)."""
 
     def convert(self, value: Any, param: click.Parameter | None,
                 ctx: click.Context | None) -> Any:
-        if isinstance(value, str) and not (value.isascii() and value == value.strip()):
+        if isinstance(value, str) and not (value.isascii() and value.isdigit()):
             self.fail(f"{sanitize(value)!r} is not a whole number in ASCII digits", param, ctx)
         return super().convert(value, param, ctx)
 
@@ -138,19 +139,20 @@ def run_click(group: click.Command, prog_name: str, argv: list[str] | None = Non
     args = list(sys.argv[1:] if argv is None else argv)
     problem = _not_utf8(args)
     if problem:
-        click.echo(f"usage: {problem}", err=True)
+        _say(f"usage: {problem}")
         return 2
     try:
         rv = group.main(args=args, prog_name=prog_name, standalone_mode=False)
         sys.stdout.flush()  # a full disk shows here, not at the interpreter's exit
     except click.UsageError as exc:
-        _show_usage_error(exc)
+        with contextlib.suppress(OSError):  # see _say
+            _show_usage_error(exc)
         return 2
     except click.ClickException as exc:
-        click.echo(f"error: {exc.format_message()}", err=True)
+        _say(f"error: {exc.format_message()}")
         return 1
     except click.exceptions.Abort:
-        click.echo("error: aborted", err=True)
+        _say("error: aborted")
         return 1
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
@@ -158,7 +160,14 @@ def run_click(group: click.Command, prog_name: str, argv: list[str] | None = Non
         silence_stdout()
         return 0
     except OSError as exc:
-        click.echo(f"error: {_output_failed(exc)}", err=True)
+        _say(f"error: {_output_failed(exc)}")
         silence_stdout()
         return 1
     return rv if isinstance(rv, int) else 0
+
+
+def _say(line: str) -> None:
+    """``line`` on stderr. A stderr that is gone (a terminal that hung up while
+    the command asked at it) cannot take it: the exit code still says it."""
+    with contextlib.suppress(OSError):
+        click.echo(line, err=True)

@@ -131,9 +131,9 @@ def format_time_nano(t: datetime | None) -> str:
     base = t.replace(tzinfo=None, microsecond=0).isoformat() + _fraction(t.microsecond)
     if not off:
         return base + "Z"
-    minutes = int(off.total_seconds()) // 60
-    sign = "+" if minutes >= 0 else "-"
-    minutes = abs(minutes)
+    seconds = int(off.total_seconds())
+    minutes = abs(seconds) // 60  # whole minutes toward zero, as Go's layout does
+    sign = "-" if seconds < 0 and minutes else "+"
     return f"{base}{sign}{minutes // 60:02d}:{minutes % 60:02d}"
 
 

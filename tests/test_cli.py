@@ -568,10 +568,11 @@ def test_usage_exit_codes(ops):
     ["runs", "--limit", " 5"], ["runs", "--limit", "\u0663"], ["runs", "--offset", "1 "],
     ["show", "r", "--limit", "\uff15"], ["events", "r", "--offset", "\u0663"],
     ["verify", "--from", " 1"], ["verify", "--to", "\u0663"],
+    ["runs", "--limit", "+1"], ["runs", "--offset", "1_0"], ["runs", "--limit", "-1"],
 ])
 def test_number_options_take_ascii_digits_only(ops, args):
-    """As Go's flag parsing: Python's int() alone took ' 5' and an Arabic-Indic
-    three (read as 3) and ran the command with them."""
+    """Python's int() alone took ' 5', '+1', '1_0' and an Arabic-Indic three
+    (read as 3) and ran the command with them."""
     result = invoke("--db", ops.path, *args)
     assert result.code == 2 and result.stdout == ""
     assert "is not a whole number in ASCII digits" in result.stderr.splitlines()[0]

@@ -6,11 +6,14 @@ after its expiry."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Iterator
 
@@ -235,6 +238,32 @@ def test_end_of_input_at_the_prompt_is_the_usage_refusal_and_decides_nothing(ops
         f"to confirm at; pass --approval <id> or --yes\n"
         f"Usage: agentrt {verb} [OPTIONS] RUN\n"
         f"Try 'agentrt {verb} --help' for help.\n")
+    assert snapshot(ops["db"]) == before
+
+
+@pytest.mark.parametrize("controlling", [False, True], ids=["a-terminal", "the-controlling-one"])
+def test_a_terminal_that_hangs_up_at_the_prompt_with_stderr_on_it_is_still_the_refusal(
+        ops, controlling):
+    """In a person's shell stderr is that terminal too: the refusal could not be
+    printed there (EIO), and that failure escaped as a traceback, exit 1."""
+    before = snapshot(ops["db"])
+    master, slave = os.openpty()
+
+    def session() -> None:  # as `trap '' HUP` in a login shell: its controlling terminal
+        if controlling:
+            os.setsid()
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    proc = subprocess.Popen([sys.executable, "-m", "agentrt.cli", "--db", ops["db"], "approve",
+                             ops["waiting"]], stdin=slave, stdout=slave, stderr=slave,
+                            env=child_env(), preexec_fn=session)
+    os.close(slave)
+    try:
+        _read_until(master, b"[y/N] ")
+    finally:
+        os.close(master)  # the terminal hangs up
+    assert proc.wait(timeout=30) == 2
     assert snapshot(ops["db"]) == before
 
 

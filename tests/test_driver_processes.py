@@ -179,17 +179,19 @@ def _check_commands(db: Path, run_id: str) -> None:
 
 def _check_spans(db: Path, run_id: str, rng: random.Random) -> None:
     """The record as OpenTelemetry shows it: one run span, one span per step,
-    model attempt, approval and late tool outcome, every start known, and exporters
-    restarted at random cursors give exactly one pass's spans."""
+    model attempt, approval and late tool or model outcome, every start known,
+    and exporters restarted at random cursors give exactly one pass's spans."""
     store = open_store(str(db))
     try:
         events = store.list_events(run_id)
         steps = store.list_steps(run_id)
         spans = SpanMapper().map_all(events)
         counts = Counter(sp.name for sp in spans)
+        end = next((i for i, e in enumerate(events) if e.type == "run.finished"), len(events))
+        late_results = sum(e.type in ("model.completed", "model.failed") for e in events[end:])
         assert counts == Counter({
             "agentrt.run": 1, "agentrt.step": len(steps),
-            "agentrt.model": len(store.list_model_calls(run_id)),
+            "agentrt.model": len(store.list_model_calls(run_id)) + late_results,
             "agentrt.approval": len(store.list_approvals(run_id)),
             "agentrt.tool.late": sum(e.type == "step.tool_finished"
                                      and json.loads(e.payload).get("late") is True

@@ -151,3 +151,24 @@ def test_a_seq_is_never_reused_when_events_is_named_in_another_case(tmp_path):
         with store.tx() as tx:
             tx.append("r", "", datetime(2026, 10, 1, tzinfo=UTC), "run.started", {"i": 3})
         assert store.chain_head()[0] == 4
+
+
+def test_a_stray_sequence_row_in_another_case_is_not_the_events_tables(tmp_path):
+    """AUTOINCREMENT keeps the row named as the table was created; a second row
+    named "EVENTS" (an edited file) must not decide the next seq, which could
+    then be reused or skip ahead (review of 3842ca4)."""
+    path = str(tmp_path / "a.db")
+    with open_store(path) as store, store.tx() as tx:
+        tx.execute("INSERT INTO runs (id, goal, status, limits_json, created_at) "
+                   "VALUES ('r', 'g', 'RUNNING', '{}', '')")
+        for i in range(3):
+            tx.append("r", "", datetime(2026, 10, 1, tzinfo=UTC), "run.started", {"i": i})
+    conn = apsw.Connection(path)
+    conn.execute("UPDATE sqlite_sequence SET rowid = 10 WHERE name = 'events'")
+    conn.execute("INSERT INTO sqlite_sequence (rowid, name, seq) VALUES (1, 'EVENTS', 0)")
+    conn.execute("DELETE FROM events WHERE seq = 3")
+    conn.close()
+    with open_store(path) as store:
+        with store.tx() as tx:
+            tx.append("r", "", datetime(2026, 10, 1, tzinfo=UTC), "run.started", {"i": 3})
+        assert store.chain_head()[0] == 4

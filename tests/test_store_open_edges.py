@@ -178,6 +178,23 @@ def test_a_path_naming_a_directory_is_refused_by_both_openers_before_anything_is
             assert os.listdir(tmp_path / "state") == []
 
 
+@pytest.mark.parametrize("target", ["state/", "state/.", "hop"])
+def test_a_link_to_a_path_naming_a_directory_is_refused_before_anything_is_created(
+        tmp_path, monkeypatch, target):
+    """open_store follows links, and realpath dropped the link target's last
+    part: a link to "state/" made a file named state (review of c7a2407)."""
+    monkeypatch.chdir(tmp_path)
+    if target == "hop":  # a link to a link to "state/."
+        os.symlink("state/.", "hop")
+    os.symlink(target, "db")
+    listing = sorted(os.listdir(tmp_path))
+    with pytest.raises(StoreOpenError) as info:
+        open_store("db")
+    assert str(info.value).startswith("agentrt: open store: db (a link to ")
+    assert "names a directory, not a database file" in str(info.value)
+    assert sorted(os.listdir(tmp_path)) == listing
+
+
 # -- mode strings as Go's FileMode.String() prints them -----------------------------
 
 

@@ -99,3 +99,17 @@ def test_local_stamp_writes_a_zone_offset_in_whole_minutes_toward_zero_as_go(
         monkeypatch.undo()
         time.tzset()
 
+
+
+@pytest.mark.parametrize(("t", "text"), [
+    (datetime(1880, 1, 1, 7, 3, 58, tzinfo=timezone(-timedelta(hours=4, minutes=56, seconds=2))),
+     "1880-01-01T07:03:58-04:56"),
+    (datetime(2026, 1, 1, 11, 59, 30, tzinfo=timezone(-timedelta(seconds=30))),
+     "2026-01-01T11:59:30+00:00"),
+    (datetime(2026, 1, 1, 12, 19, 32, tzinfo=timezone(timedelta(minutes=19, seconds=32))),
+     "2026-01-01T12:19:32+00:19"),
+])
+def test_format_time_nano_writes_an_offset_in_whole_minutes_toward_zero_as_go(t, text):
+    """Before: a negative offset with seconds was floored (-04:57, -00:01)."""
+    from agentrt.timefmt import format_time_nano
+    assert format_time_nano(t) == text

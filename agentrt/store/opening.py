@@ -234,12 +234,21 @@ def refuse_other_names(path: str) -> None:
 
 def refuse_directory_path(path: str) -> None:
     """Refuse a path that can only name a directory ("state/", "state/.", ".."),
-    before anything is created: realpath drops that last part, so open_store
-    would make a file named as the directory is."""
-    if os.path.basename(path) in ("", ".", ".."):
-        raise StoreOpenError(
-            f"{path} names a directory, not a database file: name the database file "
-            f"itself, such as {os.path.join(path, 'agentrt.db')}")
+    itself or through the symbolic links it names, before anything is created:
+    realpath drops that last part, so open_store would make a file named as
+    the directory is."""
+    name = path
+    for _ in range(40):  # the kernel's own limit on links followed
+        if os.path.basename(name) in ("", ".", ".."):
+            shown = path if name == path else f"{path} (a link to {name})"
+            raise StoreOpenError(
+                f"{shown} names a directory, not a database file: name the database file "
+                f"itself, such as {os.path.join(path, 'agentrt.db')}")
+        try:
+            target = os.readlink(name)
+        except OSError:  # not a link (or nothing there yet): the name is what it says
+            return
+        name = os.path.join(os.path.dirname(name), target)
 
 
 def refuse_long_path(path: str) -> None:

@@ -129,7 +129,10 @@ def closed_error(path: str = "") -> StoreClosedError:
 # the newest stored event.
 _HEAD_SQL = (
     "SELECT MAX("
-    "COALESCE((SELECT seq FROM sqlite_sequence WHERE lower(name) = 'events'), 0), "
+    # The row of the events table under the name it was created with, whatever
+    # its case: AUTOINCREMENT keeps only that one.
+    "COALESCE((SELECT seq FROM sqlite_sequence WHERE name = (SELECT name FROM sqlite_schema "
+    "WHERE type = 'table' AND lower(name) = 'events')), 0), "
     "COALESCE((SELECT MAX(seq) FROM events), 0)), "
     "(SELECT CAST(hash AS TEXT) FROM events ORDER BY seq DESC LIMIT 1)"
 )
