@@ -297,7 +297,7 @@ class Pages(Generic[T]):
     def __init__(self, fetch: Callable[[int, int], tuple[list[T], int]], limit: int,
                  offset: int, first: tuple[list[T], int] | None = None, *,
                  newest_first: bool = False,
-                 after: Callable[[int, T], list[T]] | None = None) -> None:
+                 after: Callable[[int, int, T], list[T]] | None = None) -> None:
         self._fetch = fetch
         self.limit = limit
         self.offset = offset
@@ -321,7 +321,7 @@ class Pages(Generic[T]):
                 return
             size = min(PAGE_SIZE, self.limit - self.returned) if self.limit else PAGE_SIZE
             if self._after is not None:
-                items = self._after(size, items[-1])
+                items = self._after(size, at, items[-1])
                 continue
             items, now = self._fetch(size, at)
             for _ in range(_REREADS):
@@ -518,8 +518,8 @@ def show(run_id: str, limit: int, offset: int, db: str | None, as_json: bool) ->
                 lambda n, at: store.list_approvals_page(
                     run_id, ApprovalStatus.PENDING.value, n, at),
                 limit, offset, first=(page.pending, page.pending_total),
-                after=lambda n, last: store.list_approvals_page(
-                    run_id, ApprovalStatus.PENDING.value, n, 0, after_id=last.id)[0])
+                after=lambda n, at, last: store.list_approvals_page(
+                    run_id, ApprovalStatus.PENDING.value, n, at, after_id=last.id)[0])
             blocks = pending.pages()
         for shown in blocks:
             reasons = store.approval_reasons(run_id, [a.id for a in shown])

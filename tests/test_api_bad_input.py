@@ -307,7 +307,9 @@ def test_a_lone_surrogate_id_is_looked_up_as_stored(store: Store) -> None:
     # Page reads count their total the same way (before: UnicodeEncodeError).
     assert [a.id for a in store.list_approvals_page("x\ud800", "", 5, 0)[0]] == ["a\ufffd"]
     assert store.list_approvals_page("x\ud800", "", 5, 0)[1] == 1
-    assert store.list_approvals_page("x\ud800", "", 5, 0, after_id="a\udc00") == ([], 1)
+    # An id with a lone surrogate was not stored so: the offset decides.
+    assert [a.id for a in store.list_approvals_page("x\ud800", "", 5, 0,
+                                                    after_id="a\udc00")[0]] == ["a\ufffd"]
     assert store.list_steps_page("x\ud800", 5, 0) == ([], 0)
     assert store.list_events_page("x\ud800", 5, 0)[1] == 2
 

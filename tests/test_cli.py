@@ -938,4 +938,26 @@ def test_show_pages_pending_approvals_after_the_last_shown_so_one_decided_meanwh
     listed = [line.split()[2] for line in out.splitlines()
               if line.startswith("APPROVAL WAITING ")]
     assert listed == shown_ids
-    assert reads == [(0, {"after_id": "extra1"}), (0, {"after_id": "extra4"})]
+    assert reads == [(3, {"after_id": "extra1"}), (6, {"after_id": "extra4"})]
+
+
+@pytest.mark.parametrize("odd", ["blob", "null", "long"])
+def test_show_pages_pending_approvals_whose_ids_do_not_read_back_as_stored_by_offset(
+        ops, monkeypatch, odd):
+    """An id a page read turns into text (a BLOB), '' (NULL) or cuts (over the
+    cap) names no row to start the next page after: that page is read by its
+    offset, as before keyset paging (which had lost every later approval)."""
+    monkeypatch.setattr(cli_module, "PAGE_SIZE", 1)
+    odd_id = {"blob": "CAST('second' AS BLOB)", "null": "NULL",
+              "long": f"'{'L' * 70_000}'"}[odd]
+    columns = ("run_id, step_id, kind, capability_json, presentation_json, request_json, "
+               "hash, status, created_at")
+    with ops.kit.store.tx() as tx:
+        tx.execute(f"INSERT INTO approvals (id, {columns}) SELECT {odd_id}, {columns} "
+                   "FROM approvals WHERE id = ?", (ops.approval,))
+        tx.execute(f"INSERT INTO approvals (id, {columns}) SELECT 'third', {columns} "
+                   "FROM approvals WHERE id = ?", (ops.approval,))
+    out = run(ops, "show", ops.waiting).stdout
+    listed = [line.split("  ", 1)[1][:12] for line in out.splitlines()
+              if line.startswith("APPROVAL WAITING ")]
+    assert len(listed) == 3 and listed[0] == ops.approval[:12] and listed[2] == "third"

@@ -550,11 +550,15 @@ def test_approvals_page_after_an_approval_starts_after_it_whatever_left_the_stat
     assert store.list_approvals_page("r", "pending", 10, 0, after_id="b") == (
         store.list_approvals_page("r", "pending", 10, 0)[0], 2)
     assert [a.id for a in store.list_approvals_page("r", "", 1, 0, after_id="a")[0]] == ["b"]
-    assert [a.id for a in store.list_approvals_page("r", "", 5, 1, after_id="a")[0]] == [
-        "c", "d"]
+    # Found, the approval decides where the page starts, not the offset.
+    assert [a.id for a in store.list_approvals_page("r", "", 5, 3, after_id="a")[0]] == [
+        "b", "c", "d"]
     assert store.list_approvals_page("r", "", 5, 0, after_id="d") == ([], 4)
-    assert store.list_approvals_page("r", "", 5, 0, after_id="no such") == ([], 4)
+    # Not an approval of the run (another run's, or none): the offset decides.
+    for other in ("no such", "x"):
+        assert [a.id for a in store.list_approvals_page("r", "", 5, 2, after_id=other)[0]] == [
+            "c", "d"]
     with pytest.raises(PageError) as info:
         store.list_approvals_page("r", "", 5, 0, after_id=7)  # type: ignore[arg-type]
     assert str(info.value) == ("agentrt: list approvals: after_id is an int (7), not a str: "
-                               "name the last approval read, or '' for the first page")
+                               "name the last approval read, or None for the first page")

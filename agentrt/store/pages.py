@@ -344,25 +344,28 @@ _APPROVAL_PAGE = CappedColumns.of(
 
 def approvals_page(
     conn: apsw.Connection, run_id: str, status: str, limit: int, offset: int,
-    after_id: str = "",
+    after_id: str | None = None,
 ) -> tuple[list[Approval], int]:
-    """A run's approvals in insertion order, optionally of one status, and
-    only those inserted after approval ``after_id`` when it is given.
+    """A run's approvals in insertion order, optionally of one status. With
+    ``after_id``, the page starts after that approval of the run when its id
+    reads back exactly as stored, and at ``offset`` otherwise (an id a page
+    read cut, decoded or read from NULL names no row to start after).
 
     An oversized request is read as its identifying fields with no arguments;
     to decide an approval, re-read it whole with ``get_approval`` (hash binding).
     """
     _check_page("approvals", limit, offset)
-    if not isinstance(after_id, str):
+    if after_id is not None and not isinstance(after_id, str):
         raise PageError(f"list approvals: after_id is {described(after_id)}, not a str: "
-                        "name the last approval read, or '' for the first page")
+                        "name the last approval read, or None for the first page")
     where = "run_id = ?" + (" AND status = ?" if status else "")
     params: tuple[Any, ...] = (run_id, status) if status else (run_id,)
-    after, after_params = ("", ()) if not after_id else (
-        " AND rowid > (SELECT rowid FROM approvals WHERE id = ?)", (after_id,))
-    rows = fetch_capped(conn, _APPROVAL_PAGE, f"FROM approvals WHERE {where}{after} "
-                        "ORDER BY rowid LIMIT ? OFFSET ?",
-                        params + after_params + (limit, offset))
+    anchor = _approval_rowid(conn, run_id, after_id) if after_id is not None else None
+    window, window_params = (("AND rowid > ? ORDER BY rowid LIMIT ?", (anchor, limit))
+                             if anchor is not None else
+                             ("ORDER BY rowid LIMIT ? OFFSET ?", (limit, offset)))
+    rows = fetch_capped(conn, _APPROVAL_PAGE, f"FROM approvals WHERE {where} {window}",
+                        params + window_params)
     total = _count(conn, f"SELECT COUNT(*) FROM approvals WHERE {where}", params)
     out = []
     for r in rows:
@@ -406,6 +409,18 @@ def events_page(
 _FAST_AFTER_COLUMNS = EVENT_COLUMNS.fast
 _FAST_AFTER_ALL_SQL = f"SELECT {_FAST_AFTER_COLUMNS} {_AFTER_ALL}"
 _FAST_AFTER_RUN_SQL = f"SELECT {_FAST_AFTER_COLUMNS} {_AFTER_RUN}"
+
+
+def _approval_rowid(conn: apsw.Connection, run_id: str, approval_id: str) -> int | None:
+    """The rowid of the run's approval whose id is exactly ``approval_id`` as
+    stored text no longer than the cap (so as a page read returns it), or None."""
+    try:
+        rows = conn.execute(
+            "SELECT rowid FROM approvals WHERE run_id = ? AND id = ? AND typeof(id) = 'text' "
+            f"AND length(id) <= {N}", (run_id, approval_id)).fetchall()
+    except UnicodeEncodeError:  # a lone surrogate: read back from U+FFFD, not stored so
+        return None
+    return int(rows[0][0]) if len(rows) == 1 else None
 
 
 def events_after(conn: apsw.Connection, run_id: str, seq: int, limit: int) -> list[Event]:

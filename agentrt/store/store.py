@@ -406,12 +406,14 @@ class Store:
             return pages.steps_page(conn, run_id, limit, offset)
 
     def list_approvals_page(
-        self, run_id: str, status: str, limit: int, offset: int, *, after_id: str = ""
+        self, run_id: str, status: str, limit: int, offset: int, *,
+        after_id: str | None = None,
     ) -> tuple[list[Approval], int]:
         """A page of a run's approvals in insertion order, of one status or all,
-        and the total. With ``after_id``, the page starts after that approval
-        (a keyset: approvals that left the status since the last page skip
-        none); the total still counts them all."""
+        and the total. With ``after_id`` (the last approval of the page before),
+        the page starts after that approval, so approvals that left the status
+        since skip none; at ``offset`` when the id does not read back as stored
+        (a database another tool wrote). The total counts them all."""
         with self._guarded as conn, pages.one_snapshot(conn):
             return pages.approvals_page(conn, run_id, status, limit, offset, after_id)
 
