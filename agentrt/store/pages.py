@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, cast
 
 import apsw
 
@@ -420,7 +420,7 @@ def _approval_rowid(conn: apsw.Connection, run_id: str, approval_id: str) -> int
             f"AND length(id) <= {N}", (run_id, approval_id)).fetchall()
     except UnicodeEncodeError:  # a lone surrogate: read back from U+FFFD, not stored so
         return None
-    return int(rows[0][0]) if len(rows) == 1 else None
+    return cast(int, rows[0][0]) if len(rows) == 1 else None
 
 
 def events_after(conn: apsw.Connection, run_id: str, seq: int, limit: int) -> list[Event]:
