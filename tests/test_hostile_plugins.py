@@ -684,6 +684,33 @@ def test_a_clock_failing_in_a_model_call_stops_it_as_a_crash_not_an_agent_error(
     settled(store, "r")
 
 
+def test_a_wall_clock_failing_in_a_model_call_stops_it_as_a_crash_not_an_agent_error():
+    """The lease's clock (``wall``) is the driver's too: before, its failure in a
+    model call failed the run as agent_error; outside one it stopped the call."""
+    from datetime import UTC, datetime
+
+    from agentrt.driver import ConfigError
+
+    broken = _ClockBreakingWhen()
+    broken.clock = lambda: datetime.now(UTC)
+    request = ModelRequest(messages=[Message("user", "hi")], max_output_tokens=50)
+
+    def asking(step):
+        broken.arm()
+        step.model.generate(request)
+        return Decision.complete()
+
+    model = ScriptedModel([ModelResponse(text="x", usage=Usage(1, 1))])
+    d, store, _, _ = make(script=[asking], model=ModelConfig(model), wall=broken)
+    with pytest.raises(ConfigError, match=re.escape(
+            "the driver's clock wall() raised OSError: clock broke")):
+        d.start("g", limits(), run_id="r")
+    assert store.get_run("r").status == "RUNNING" and model.requests == []
+    d2, _, _, _ = make(store=store, script=[Decision.complete()] * 2)
+    assert d2.resume("r").status == "COMPLETED"
+    settled(store, "r")
+
+
 def test_an_id_function_that_repeats_a_model_call_id_is_said_as_such_and_not_an_agent_error():
     from agentrt.driver import ConfigError
 

@@ -61,7 +61,8 @@ def answer(fn: Callable[[], Any], what: str, error: type[ConfigError] = ConfigEr
         raise error(raised_text(what, exc)) from exc
 
 
-def aware_clock(now: Callable[[], datetime], whose: str = "driver") -> Callable[[], datetime]:
+def aware_clock(now: Callable[[], datetime], whose: str = "driver",
+                call: str = "now()") -> Callable[[], datetime]:
     """The consumer's clock, with a naive reading taken as UTC (stored times are UTC,
     and a naive one could not be compared with them). A reading that raises or is
     not a datetime is a DriverFunctionError before anything is written with it:
@@ -69,9 +70,9 @@ def aware_clock(now: Callable[[], datetime], whose: str = "driver") -> Callable[
     resumes."""
 
     def reading() -> datetime:
-        t = answer(now, f"the {whose}'s clock now()", DriverFunctionError)
+        t = answer(now, f"the {whose}'s clock {call}", DriverFunctionError)
         if not isinstance(t, datetime):
-            raise DriverFunctionError(f"the {whose}'s clock now() returned {described(t)}, "
+            raise DriverFunctionError(f"the {whose}'s clock {call} returned {described(t)}, "
                                       "not a datetime")
         return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
 

@@ -199,7 +199,7 @@ class Driver:
             tools=registered,
             observer=safe_observer(observer),
             now=aware_clock(now) if now is not None else system_now,
-            wall=wall or wall_now,
+            wall=aware_clock(wall, call="wall()") if wall is not None else wall_now,
             new_id=_checked_ids(new_id) if new_id is not None else _default_id,
             model=model.resolved() if model is not None else None,
             reconcile=reconcile,
