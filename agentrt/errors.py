@@ -61,6 +61,8 @@ def described(value: object) -> str:
         return "None"
     name = type(value).__name__
     article = "an" if name[:1].lower() in "aeiou" else "a"
+    if isinstance(value, int) and value.bit_length() > 1024:  # repr refuses past 4300 digits
+        return f"{article} {name} (of {value.bit_length()} bits)"
     if isinstance(value, (bool, int, float, str, bytes)):
         shown = repr(value)
         if len(shown) <= _MAX_SHOWN:

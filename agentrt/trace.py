@@ -766,15 +766,19 @@ def plain_descriptor(stream: Any) -> int | None:
     """The descriptor under ``stream`` when bytes written to it reach that
     descriptor unchanged: the stream (or, for a text stream, its binary
     ``buffer``) is a file object of Python's own (``open()``, ``sys.stdout``,
-    ``socket.makefile()``); else None. A compressor (``gzip.open``, ``bz2``,
-    ``lzma``) answers ``fileno()`` with the descriptor of the file underneath,
-    and bytes written there would skip the compression."""
+    ``socket.makefile()`` of a plain socket); else None. A compressor
+    (``gzip.open``, ``bz2``, ``lzma``) answers ``fileno()`` with the descriptor
+    of the file underneath, and a TLS socket's file with the TCP socket's:
+    bytes written there would skip the compression, or go out unencrypted."""
     inner = stream._buffer if isinstance(stream, _UTF8UnderText) else stream
     if _is_text(inner):
         inner = getattr(inner, "buffer", None)
     if type(inner) in (io.BufferedWriter, io.BufferedRandom):
         inner = getattr(inner, "raw", None)  # a buffer over a raw stream of some other kind
-    if type(inner) not in (io.FileIO, socket.SocketIO):
+    if type(inner) is socket.SocketIO:
+        if type(getattr(inner, "_sock", None)) is not socket.socket:  # ssl.SSLSocket, ...
+            return None
+    elif type(inner) is not io.FileIO:
         return None
     return _descriptor(stream)
 

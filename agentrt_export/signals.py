@@ -35,13 +35,15 @@ def stop_on_signals(stop: threading.Event,
 
     Call it from the main thread (Python installs handlers only there). Calls
     add up: each event is set by its own signals, through one socket and one
-    thread. It takes over ``signal.set_wakeup_fd``.
+    thread. It takes over ``signal.set_wakeup_fd``. A signal ignored on the
+    way in stays ignored: a shell's ``cmd &`` ignores SIGINT, so that a Ctrl-C
+    for the job in the foreground leaves it alone, and ``nohup`` SIGHUP.
     """
     global _reader, _sender
     if threading.current_thread() is not threading.main_thread():
         raise ValueError("stop_on_signals() must be called from the main thread, the only "
                          "one Python lets install signal handlers")
-    wanted = frozenset(int(s) for s in signals)
+    wanted = frozenset(int(s) for s in signals if signal.getsignal(s) != signal.SIG_IGN)
     with _lock:
         _watched.append((wanted, stop))
         if _reader is None:

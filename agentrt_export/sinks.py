@@ -6,9 +6,11 @@ the cursor before that event, so the next start hands it over again.
 
 from __future__ import annotations
 
+import bz2
 import errno
 import fcntl
 import io
+import lzma
 import os
 import stat
 import threading
@@ -21,6 +23,20 @@ from agentrt.trace import LineWriter, OutputStopped, check_stream, jsonl_record,
 from agentrt_export.follower import FollowError, PartialPage
 
 __all__ = ["JSONLSink", "OutputStopped"]
+
+
+def _refuse_holding_compressor(stream: object) -> None:
+    """Refuse a bz2 or lzma file: its ``flush`` writes nothing (what it was given
+    stays in the compressor until it is closed), so the follower would save its
+    cursor past events the file does not hold, and a kill would lose them.
+    gzip's flush writes what it holds, so a gzip file is taken."""
+    inner = getattr(stream, "buffer", stream)  # a text stream over one
+    if isinstance(inner, (bz2.BZ2File, lzma.LZMAFile)):
+        kind = "bz2" if isinstance(inner, bz2.BZ2File) else "lzma"
+        raise FollowError(
+            f"JSONLSink: a {kind} file keeps what it is given until it is closed, so the "
+            "cursor would pass events it has not written: use gzip.open (its flush writes "
+            "what it holds), or compress the plain output (agentrt-export jsonl | xz)")
 
 
 class JSONLSink:
@@ -56,6 +72,7 @@ class JSONLSink:
                  on_mend: Callable[[str], None] | None = None,
                  stop: threading.Event | None = None) -> None:
         check_stream(stream, "JSONLSink", FollowError)
+        _refuse_holding_compressor(stream)
         if stop is not None and not isinstance(stop, threading.Event):
             raise FollowError(f"JSONLSink: stop is {described(stop)}, not a threading.Event "
                               "or None: pass the event given to Follower.follow")

@@ -266,3 +266,24 @@ def test_an_output_that_fails_before_any_save_of_one_run_says_which_events_go_ag
                        stderr=subprocess.PIPE, capture_output=False)
     assert done.returncode == 1
     assert f"writes every event of run {run} again" in done.stderr.decode()
+
+
+_IGNORED_SIGINT_THEN_SIGNALS = """
+import os, signal, threading
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell's `cmd &` starts a job
+from agentrt_export import stop_on_signals
+stop = threading.Event()
+stop_on_signals(stop)
+os.kill(os.getpid(), signal.SIGINT)
+print(stop.wait(0.5), signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
+os.kill(os.getpid(), signal.SIGTERM)
+print(stop.wait(5))
+"""
+
+
+def test_stop_on_signals_leaves_a_sigint_ignored_on_the_way_in_ignored():
+    """A script run as `cmd &` was stopped by the Ctrl-C meant for the job in
+    the foreground (the command itself already kept it ignored)."""
+    done = subprocess.run([sys.executable, "-c", _IGNORED_SIGINT_THEN_SIGNALS],
+                          capture_output=True, timeout=30, env=child_env(), cwd=REPO_ROOT)
+    assert done.stdout.split() == [b"False", b"True", b"True"], done.stderr[-300:]

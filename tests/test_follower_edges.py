@@ -33,7 +33,8 @@ def db(tmp_path):
     return path
 
 
-@pytest.mark.parametrize("accepted", [-1, 9, 20, True, 1.0, "2", None])
+@pytest.mark.parametrize("accepted", [-1, 9, 20, True, 1.0, "2", None, 10**5000],
+                         ids=lambda a: "huge" if a == 10**5000 else repr(a))
 def test_a_partial_page_with_an_unusable_count_raises_the_sinks_error_and_saves_nothing(
         db, accepted):
     failure = OSError(28, "No space left on device")
@@ -102,3 +103,11 @@ def test_a_huge_interval_is_cut_to_the_maximum(db, interval):
 def test_a_hugely_negative_interval_is_refused_in_a_sentence(db):
     with pytest.raises(FollowError, match="is negative"):
         Follower(open_existing(db), interval=-10**400)
+
+
+@pytest.mark.parametrize("setting", ["interval", "page_size"])
+def test_a_negative_setting_of_thousands_of_digits_is_refused_in_a_sentence(db, setting):
+    """Python refuses to write an int past 4300 digits: the sentence itself
+    raised ValueError."""
+    with pytest.raises(FollowError, match=r"-\(a number of 16610 bits\) is negative"):
+        Follower(open_existing(db), **{setting: -10**5000})

@@ -12,6 +12,8 @@ import gzip
 import io
 import lzma
 import os
+import socket
+import ssl
 import threading
 
 import pytest
@@ -20,7 +22,7 @@ from eventdb import make_db
 from agentrt.events import Event
 from agentrt.store import open_existing
 from agentrt.trace import jsonl_record, jsonl_with_err
-from agentrt_export import FileCursor, Follower, JSONLSink
+from agentrt_export import FileCursor, Follower, FollowError, JSONLSink
 
 COMPRESSORS = [gzip, bz2, lzma]
 
@@ -36,9 +38,8 @@ def _export(db: str, cursor: str, stream) -> None:
 
 
 @pytest.mark.parametrize("mode", ["wb", "wt"])
-@pytest.mark.parametrize("compressor", COMPRESSORS, ids=lambda m: m.__name__)
-def test_an_export_into_a_compressed_file_decompresses_to_the_plain_export(
-        tmp_path, compressor, mode):
+def test_an_export_into_a_gzip_file_decompresses_to_the_plain_export(tmp_path, mode):
+    compressor = gzip
     db = str(tmp_path / "runs.db")
     make_db(db, runs=2, events_per_run=10).close()
     plain = tmp_path / "plain.jsonl"
@@ -50,6 +51,20 @@ def test_an_export_into_a_compressed_file_decompresses_to_the_plain_export(
         _export(db, str(tmp_path / "packed.cursor"), f)
     assert compressor.decompress(packed.read_bytes()) == plain.read_bytes()
     assert FileCursor(str(tmp_path / "packed.cursor")).load() == 20
+
+
+@pytest.mark.parametrize("mode", ["wb", "wt"])
+@pytest.mark.parametrize("compressor", [bz2, lzma], ids=lambda m: m.__name__)
+def test_a_bz2_or_lzma_file_is_refused_as_it_writes_nothing_until_closed(
+        tmp_path, compressor, mode):
+    """Their flush writes nothing: the cursor was saved (and synced) past events
+    the file did not hold, and a kill lost every one since the last block."""
+    with compressor.open(tmp_path / "events.x", mode) as f, pytest.raises(FollowError) as info:
+        JSONLSink(f)
+    assert str(info.value) == (
+        f"export: JSONLSink: a {compressor.__name__} file keeps what it is given until it is "
+        "closed, so the cursor would pass events it has not written: use gzip.open (its flush "
+        "writes what it holds), or compress the plain output (agentrt-export jsonl | xz)")
 
 
 @pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "non-blocking"])
@@ -108,3 +123,49 @@ def test_a_live_jsonl_trace_into_gzip_over_a_non_blocking_pipe_is_compressed():
         pipe.close()
         data = reader.read()
     assert gzip.decompress(data) == b"".join(jsonl_record(e) for e in EVENTS)
+
+
+_TLS = os.path.join(os.path.dirname(__file__), "tls")
+
+
+def _bytes_on_the_wire(use) -> bytes:
+    """What a TLS server on 127.0.0.1 receives on its TCP socket, undecrypted,
+    after the handshake, when ``use`` writes to a client TLS socket."""
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(os.path.join(_TLS, "server.pem"),
+                               os.path.join(_TLS, "server.key"))
+    client_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    client_ctx.load_verify_locations(os.path.join(_TLS, "ca.pem"))
+    wire: list[bytes] = []
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        def serve() -> None:
+            conn, _ = listener.accept()
+            with server_ctx.wrap_socket(conn, server_side=True) as tls:
+                wire.append(socket.socket.recv(tls, 65536))  # the TCP bytes, as sent
+        server = threading.Thread(target=serve)
+        server.start()
+        raw = socket.create_connection(listener.getsockname())
+        with client_ctx.wrap_socket(raw, server_hostname="localhost") as tls:
+            use(tls)
+            server.join(10)
+    return wire[0]
+
+
+def _observe(tls) -> None:
+    observe, err = jsonl_with_err(tls.makefile("wb"))
+    observe(EVENTS[0])
+    assert err() is None
+
+
+def _sink_with_a_timeout(tls) -> None:
+    tls.settimeout(10)  # which makes the descriptor non-blocking
+    JSONLSink(tls.makefile("wb")).handle_page(EVENTS[:1])
+
+
+@pytest.mark.parametrize("use", [_observe, _sink_with_a_timeout], ids=["observer", "sink"])
+def test_records_written_to_a_tls_socket_go_through_tls(use):
+    """A TLS socket's file answers fileno() with the TCP socket's: records were
+    written there directly, in clear text, and the peer saw a TLS error."""
+    wire = _bytes_on_the_wire(use)
+    assert wire[:1] == b"\x17"  # a TLS application-data record
+    assert b"run.created" not in wire and b'"seq"' not in wire
