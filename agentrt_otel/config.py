@@ -56,7 +56,10 @@ anything is sent, instead of an export retried for ever:
   either transport (see :func:`_grpc_credentials`); the SDK read them raw.
 - What the SDK's exporters still read from the environment themselves when
   built, they read with the blank OTLP variables unset (see
-  :func:`_read_as_resolved`).
+  :func:`_read_as_resolved`; builds in one process take turns).
+- ``OTEL_PYTHON_EXPORTER_OTLP_GRPC_RETRYABLE_ERROR_CODES``, which the SDK's
+  gRPC exporter reads itself, is a comma-separated list of gRPC status code
+  names (any case), checked here for gRPC.
 - A credential provider plugin (``OTEL_PYTHON_EXPORTER_OTLP_{HTTP,GRPC}_
   [TRACES_]CREDENTIAL_PROVIDER``, the traces-specific variable first) is
   loaded here, as the SDK would load it, and refused in one sentence when it
@@ -83,6 +86,7 @@ import logging
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -715,6 +719,8 @@ def resolve_config(
     proto = _protocol(protocol, env)
     url = _endpoint(endpoint, proto, env, warnings)
     _check_tls_files(env)
+    if proto == "grpc":
+        _check_retryable_codes(env)
     plain = _plain_text(insecure, url, env, warnings)
     return OTelConfig(
         exporter=kind,
@@ -758,9 +764,17 @@ def _check_arguments(**arguments: object) -> None:
                 raise ConfigError(f"otel: header {_shown(key)} is given {_type_of(value)}, "
                                   "not a str")
     environ = arguments["environ"]
-    if environ is not None and not isinstance(environ, Mapping):
-        raise ConfigError(f"otel: environ is {_type_of(environ)}, not a mapping of variable "
-                          "names to values, nor None (for os.environ)")
+    if environ is not None:
+        if not isinstance(environ, Mapping):
+            raise ConfigError(f"otel: environ is {_type_of(environ)}, not a mapping of variable "
+                              "names to values, nor None (for os.environ)")
+        for key, value in environ.items():
+            if not isinstance(key, str):
+                raise ConfigError(f"otel: environ has a variable name that is {described(key)}, "
+                                  "not a str")
+            if not isinstance(value, str):
+                raise ConfigError(f"otel: environ variable {_shown(key)} is {_type_of(value)}, "
+                                  "not a str")
 
 
 def _type_of(value: object) -> str:
@@ -784,6 +798,26 @@ def _check_tls_files(env: Mapping[str, str]) -> None:
         if path and not (os.path.isfile(path) and os.access(path, os.R_OK)):
             raise ConfigError(f"otel: {name} {_shown(path)} is not a file this user can read: "
                               "name the PEM file, or unset it")
+
+
+_RETRYABLE_CODES = "OTEL_PYTHON_EXPORTER_OTLP_GRPC_RETRYABLE_ERROR_CODES"
+
+
+def _check_retryable_codes(env: Mapping[str, str]) -> None:
+    """Refuse a name in ``OTEL_PYTHON_EXPORTER_OTLP_GRPC_RETRYABLE_ERROR_CODES``
+    that is no gRPC status code: the SDK's gRPC exporter looks each one up
+    itself (stripped, in any case) when built, and a KeyError ended the
+    command in a traceback."""
+    raw = _variable(env, _RETRYABLE_CODES)
+    if not raw.strip():
+        return
+    grpc = _grpc()
+    for name in raw.split(","):
+        if name.strip() and name.strip().upper() not in grpc.StatusCode.__members__:
+            valid = ", ".join(code.name for code in grpc.StatusCode)
+            raise ConfigError(f"otel: {_RETRYABLE_CODES} {_shown(raw.strip())}: "
+                              f"{_shown(name.strip())} is not a gRPC status code; give a "
+                              f"comma-separated list of the names {valid}, or unset it")
 
 
 class _StandardOutput:
@@ -840,6 +874,10 @@ def build_exporter(
 _SDK_READS = ("OTEL_EXPORTER_OTLP_", "OTEL_PYTHON_EXPORTER_OTLP_")
 
 
+#: Held while an SDK exporter is built (:func:`_read_as_resolved`).
+_BUILDING = threading.Lock()
+
+
 def _quiet(record: logging.LogRecord) -> bool:
     return False
 
@@ -856,30 +894,42 @@ def _read_as_resolved() -> Iterator[None]:
     unset here, as the specification says, so it is unset while they read.
     And the SDK's header parser logs an entry it finds malformed whole, a
     secret with it; the headers it is given were parsed and checked here.
+
+    Both changes are the whole process's, so builds are serialised: a build
+    beside another read the variables the other had put back (two followers
+    in one process; a blank timeout ended the second in a ValueError).
     """
-    blank = {name: value for name, value in os.environ.items()
-             if name.startswith(_SDK_READS) and not value.strip()}
-    for name in blank:
-        del os.environ[name]
-    sdk_log = logging.getLogger("opentelemetry.util.re")
-    sdk_log.addFilter(_quiet)
-    try:
-        yield
-    finally:
-        sdk_log.removeFilter(_quiet)
-        for name, value in blank.items():
-            os.environ.setdefault(name, value)
+    with _BUILDING:
+        blank = {name: value for name, value in os.environ.items()
+                 if name.startswith(_SDK_READS) and not value.strip()}
+        for name in blank:
+            os.environ.pop(name, None)
+        sdk_log = logging.getLogger("opentelemetry.util.re")
+        sdk_log.addFilter(_quiet)
+        try:
+            yield
+        finally:
+            sdk_log.removeFilter(_quiet)
+            for name, value in blank.items():
+                os.environ.setdefault(name, value)
+
+
+def _grpc() -> Any:
+    """The ``grpc`` module, its C core's log silenced unless ``GRPC_VERBOSITY``
+    says otherwise: it logs each failed TLS handshake on its own, once per
+    reconnect, and each proxy that refused a tunnel as an error; the sink's
+    one line per outage says it instead. The core reads the variable when
+    ``grpc`` is first imported, so every import here goes through this."""
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    import grpc  # type: ignore[import-untyped]
+
+    return grpc
 
 
 def _grpc_exporter(config: OTelConfig, told: Callable[[int, str], None]) -> SpanExporter:
     from agentrt_otel.answers import GRPC_CREDENTIAL_PROVIDERS, checked_grpc_exporter, grpc_proxy
 
-    # gRPC's C core logs each failed TLS handshake on its own, once per
-    # reconnect, and each proxy that refused a tunnel as an error: the
-    # sink's one line per outage says it instead.
-    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
-    import grpc  # type: ignore[import-untyped]
-
+    grpc = _grpc()
     # gRPC's C core reads the lowercase proxy variables alone, and proxies
     # the loopback too, which no proxy can reach: the proxy is chosen here
     # as the reference's grpc-go chooses it, and handed to this channel
@@ -991,7 +1041,7 @@ def _grpc_credentials(env: Mapping[str, str], providers: tuple[str, ...]) -> tup
     set, so that ``OTEL_EXPORTER_OTLP_CERTIFICATE`` was ignored. A
     certificate file without a key variable holds its key too, as it may over HTTP.
     """
-    import grpc
+    grpc = _grpc()
 
     plugin = _credential_plugin(env, providers, grpc.ChannelCredentials)
     if plugin is not None:

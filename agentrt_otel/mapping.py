@@ -14,8 +14,9 @@ handler; only a type this build does not know takes the generic path.
 State. Per run: the run span, the open steps (with their *interrupted*
 flag), the current step, open model calls and open approvals. A run's state
 is dropped as soon as nothing of it is open, so memory follows open spans
-only. Besides, a bounded memory (``finished_runs``, default 4096) of recently
-finished runs lets events that arrive after ``run.finished`` be recognised.
+only. Besides, a bounded memory (``finished_runs``, default 4096, 1 or
+more) of recently finished runs lets events that arrive after
+``run.finished`` be recognised.
 
 Restarts: rebuilt by replay. The events table is the complete, ordered
 record of every run, and it is exactly what the first pass mapped (a follower
@@ -36,7 +37,7 @@ the cursor: one indexed read per 200 of its earlier events, each mapped once
 more, in memory of one page plus the run's open spans. A restart thus reads
 again at most the earlier events of the runs that go on after the cursor
 (never the whole table), and only when they go on. The one exception is a
-run that has left the finished memory (below): each later event of it (a late
+run that has left the finished memory: each later event of it (a late
 result after ``finished_runs`` other runs ended) replays it again. (So would
 each event of a run whose earlier events leave nothing open; the runtime
 never writes one, as every run begins with ``run.created``.)
@@ -45,7 +46,11 @@ Without a source (or when the read fails, logged once) the mapper starts the
 span it missed at the event that shows it, flagged
 ``agentrt.span.start_unknown = true``; a step ended by a tool result starts at
 the implied tool start (the event's time minus ``duration_ms``), a model call
-at its result's time minus ``latency_ms``.
+at its result's time minus ``latency_ms``. The one limitation this leaves:
+a model result for a run that has left the finished memory (``finished_runs``
+other runs ended since its end) takes its call's own span id, already
+exported as ``unknown`` at the run's end, since nothing tells the run is
+over (with a source the replay reads its end again, and it is a late span).
 
 Every time, an event's or one implied from a duration, is kept within what
 OTLP carries on every hop (:func:`~agentrt_otel._fields.clamp_ns`): before
@@ -200,12 +205,19 @@ class SpanMapper:
         max_text: int = DEFAULT_MAX_TEXT,
         finished_runs: int = DEFAULT_FINISHED_RUNS,
     ) -> None:
-        for name, value in (("max_text", max_text), ("finished_runs", finished_runs)):
+        for name, value, least in (("max_text", max_text, 0),
+                                   ("finished_runs", finished_runs, 1)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"otel: {name} is {described(value)}, not an int: "
-                                "0 or more")
-            if value < 0:
-                raise ValueError(f"otel: {name} {value} is negative")
+                                f"{least} or more")
+        if max_text < 0:
+            raise ValueError(f"otel: max_text {max_text} is negative")
+        if finished_runs < 1:
+            # A run forgotten at its end: its call's late result would take the
+            # call's own span id, exported already as unknown (docstring, 2).
+            raise ValueError(f"otel: finished_runs {finished_runs} must be 1 or more: a run "
+                             "must be remembered past its end for a late model result to be "
+                             "told from its call")
         self._max_text = max_text
         self._source = source
         self._replaying = False
@@ -270,7 +282,7 @@ class SpanMapper:
         runs = self._runs
         if (run_id not in runs and self._source is not None and not self._replaying
                 and run_id not in self._finished and event.type != _RUN_CREATED):
-            self._replay(event, out)
+            self._replay(event)
         payload = Payload.parse(event.payload)
         at = event_at_ns(event)
         closed = self._finished.get(run_id)  # None while the run is not known to be over
@@ -294,23 +306,21 @@ class SpanMapper:
             out.extend(self.map(event))
         return out
 
-    def _replay(self, event: Event, out: list[SpanRecord]) -> None:
+    def _replay(self, event: Event) -> None:
         """Rebuild the state of a run met in the middle by mapping its earlier
         events again, as one pass did (module docstring, "Restarts").
 
-        The run's spans that the replay ends ended before ``event``, so the
-        process that mapped them first delivered them: they are dropped.
-        Spans of other runs (a pending model call of a run pushed out of the
-        finished memory) are this mapper's to deliver and are kept."""
+        The spans the replay ends are the run's own (mapping an event of
+        one run ends nothing of another), and ended before ``event``, so the
+        process that mapped them first delivered them: they are dropped."""
         assert self._source is not None
         run_id = event.run_id
         if not run_id:
             return
-        trace = _trace_id(run_id)
         self._replaying = True
         try:
             for earlier in earlier_events(self._source, run_id, event.seq):
-                out.extend(sp for sp in self.map(earlier) if sp.trace_id != trace)
+                self.map(earlier)
         except ReadFailed as err:  # as without a source: a half-rebuilt run helps no one
             self._runs.pop(run_id, None)
             self._finished.pop(run_id, None)

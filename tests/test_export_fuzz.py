@@ -590,7 +590,7 @@ def check_record(event: Event) -> None:
 
 mapper_options = st.fixed_dictionaries({
     "max_text": st.sampled_from([0, 1, 3, 16, 1024]),
-    "finished_runs": st.sampled_from([0, 1, 2, 4096]),
+    "finished_runs": st.sampled_from([1, 2, 4096]),
 })
 
 # A few shapes the ordering cases above name, spelled out.
@@ -658,11 +658,10 @@ class FailingSource(StreamSource):
 @FUZZ
 @given(hostile_streams, mapper_options)
 @example(_ORDERS[0], {"max_text": 1024, "finished_runs": 4096})
-@example(_ORDERS[1], {"max_text": 0, "finished_runs": 0})
+@example(_ORDERS[1], {"max_text": 0, "finished_runs": 1})
 @example(_ORDERS[2], {"max_text": 1, "finished_runs": 1})
-@example(_ORDERS[3], {"max_text": 3, "finished_runs": 0})
+@example(_ORDERS[3], {"max_text": 3, "finished_runs": 1})
 @example(_ORDERS[4], {"max_text": 1024, "finished_runs": 1})
-@example(_ORDERS[4], {"max_text": 1024, "finished_runs": 0})
 @example(_ORDERS[5], {"max_text": 2, "finished_runs": 4096})
 def test_mapping_a_hostile_stream_never_raises_and_its_spans_encode(
         events: list[Event], options: dict[str, int]) -> None:

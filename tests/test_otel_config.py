@@ -614,3 +614,148 @@ def test_a_header_flag_is_taken_as_written_not_percent_decoded() -> None:
     # value, such as a token holding "%2F", is sent as typed.
     config = resolve_config(headers={"Authorization": "Bearer a%2Fb"}, environ={})
     assert dict(config.headers) == {"authorization": "Bearer a%2Fb"}
+
+
+# -- two exporters built at once (two followers in one process) ----------------
+
+
+@pytest.mark.parametrize(("protocol", "hook"), [
+    ("grpc", "grpc_proxy"), ("http/protobuf", "checked_http_session")])
+def test_two_exporters_built_at_once_both_read_the_blank_variables_as_unset_and_log_nothing(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, protocol: str, hook: str,
+) -> None:
+    """A build hid the blank variables and silenced the SDK's header parser
+    for the whole process, then put both back while a second build's SDK
+    constructor still read them: a ValueError for the blank timeout over
+    gRPC, the secret logged over HTTP. ``hook`` runs inside a build, between
+    the hiding and the SDK's constructor; the first build waits there for the
+    second to get as far (it cannot, once builds are serialised: then it
+    waits out the pause), and the second builds after the first is done."""
+    import threading
+
+    import agentrt_otel.answers as answers
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key=s3cr3t;tok")
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", raising=False)
+    config = resolve_config(protocol=protocol, endpoint="http://127.0.0.1:4317")
+    real = getattr(answers, hook)
+    first_inside, second_inside, first_done = (threading.Event(), threading.Event(),
+                                               threading.Event())
+
+    def paused(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name == "first":
+            first_inside.set()
+            second_inside.wait(2)
+        else:
+            second_inside.set()
+            first_done.wait(10)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(answers, hook, paused)
+    failed: dict[str, BaseException] = {}
+
+    def build(name: str) -> None:
+        try:
+            exporter = build_exporter(config)
+            assert exporter is not None
+            exporter.shutdown()
+        except BaseException as err:  # noqa: BLE001 - told to the test below
+            failed[name] = err
+        finally:
+            if name == "first":
+                first_done.set()
+
+    with caplog.at_level(logging.DEBUG):
+        first = threading.Thread(target=build, args=("first",), name="first")
+        first.start()
+        assert first_inside.wait(10)
+        second = threading.Thread(target=build, args=("second",), name="second")
+        second.start()
+        first.join(30)
+        second.join(30)
+    assert failed == {}
+    assert "s3cr3t" not in caplog.text
+    assert [r for r in caplog.records if r.name.startswith("opentelemetry")] == []
+    assert os.environ["OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"] == ""
+
+
+def test_the_blank_variables_hidden_for_a_build_are_put_back_and_one_set_meanwhile_stays_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agentrt_otel.config import _read_as_resolved
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", " ")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "")
+    with _read_as_resolved():
+        assert "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT" not in os.environ
+        assert "OTEL_EXPORTER_OTLP_TIMEOUT" not in os.environ
+        os.environ["OTEL_EXPORTER_OTLP_TIMEOUT"] = "5000"
+    assert os.environ["OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"] == " "
+    assert os.environ["OTEL_EXPORTER_OTLP_TIMEOUT"] == "5000"
+
+
+# -- an environ argument holds text only ---------------------------------------
+
+
+@pytest.mark.parametrize(("environ", "said"), [
+    ({"OTEL_EXPORTER_OTLP_TIMEOUT": 5000},
+     'otel: environ variable "OTEL_EXPORTER_OTLP_TIMEOUT" is an int, not a str'),
+    ({"OTEL_TRACES_EXPORTER": None}, 'otel: environ variable "OTEL_TRACES_EXPORTER" is None, '
+     "not a str"),
+    ({"OTEL_EXPORTER_OTLP_HEADERS": b"x-api-key=s3cr3t"},
+     'otel: environ variable "OTEL_EXPORTER_OTLP_HEADERS" is a bytes, not a str'),
+    ({"OTEL_EXPORTER_OTLP_INSECURE": True, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+     'otel: environ variable "OTEL_EXPORTER_OTLP_INSECURE" is a bool, not a str'),
+    ({"UNRELATED": 1}, 'otel: environ variable "UNRELATED" is an int, not a str'),
+    ({5: "x"}, "otel: environ has a variable name that is an int (5), not a str"),
+    ({b"OTEL_SERVICE_NAME": "x"},
+     "otel: environ has a variable name that is a bytes (b'OTEL_SERVICE_NAME'), not a str"),
+])
+def test_resolve_config_refuses_an_environ_entry_that_is_not_text_naming_the_type_alone(
+    environ: dict[Any, Any], said: str,
+) -> None:
+    # They failed deep inside: "'int' object has no attribute 'encode'"; a
+    # {5: "x"} was taken. The value is never shown: it may be a secret.
+    with pytest.raises(ConfigError) as caught:
+        resolve_config(environ=environ)
+    assert str(caught.value) == said
+
+
+# -- OTEL_PYTHON_EXPORTER_OTLP_GRPC_RETRYABLE_ERROR_CODES, read by the SDK ------
+
+_RETRYABLE = "OTEL_PYTHON_EXPORTER_OTLP_GRPC_RETRYABLE_ERROR_CODES"
+
+
+@pytest.mark.parametrize(("value", "bad"), [
+    ("UNAVAILABLE,SOMETIMES", "SOMETIMES"),
+    ("unavailable, 14", "14"),
+    ("UNAVAILABLE;ABORTED", "UNAVAILABLE;ABORTED"),
+    ("STATUS_CODE.UNAVAILABLE", "STATUS_CODE.UNAVAILABLE"),
+])
+def test_a_grpc_retryable_error_code_that_is_no_status_code_is_refused_in_one_sentence(
+    value: str, bad: str,
+) -> None:
+    """The SDK's gRPC exporter looked each name up itself when built: a
+    KeyError traceback."""
+    import grpc
+
+    names = ", ".join(code.name for code in grpc.StatusCode)
+    with pytest.raises(ConfigError) as caught:
+        resolve_config(protocol="grpc", environ={_RETRYABLE: value})
+    assert str(caught.value) == (
+        f'otel: {_RETRYABLE} "{value}": "{bad}" is not a gRPC status code; give a '
+        f"comma-separated list of the names {names}, or unset it")
+
+
+@pytest.mark.parametrize("value", ["UNAVAILABLE", " unavailable , Deadline_Exceeded ,",
+                                   "RESOURCE_EXHAUSTED,ABORTED", " ", ","])
+def test_grpc_retryable_error_codes_the_sdk_reads_are_taken(value: str) -> None:
+    config = resolve_config(protocol="grpc", endpoint="http://127.0.0.1:4317",
+                            environ={_RETRYABLE: value})
+    assert config.protocol == "grpc"
+
+
+def test_grpc_retryable_error_codes_are_not_checked_where_no_grpc_exporter_reads_them() -> None:
+    for kw in ({}, {"protocol": "http/protobuf"}, {"exporter": "console", "protocol": "grpc"}):
+        resolve_config(**kw, environ={_RETRYABLE: "SOMETIMES"})

@@ -212,3 +212,44 @@ def test_a_grpc_refusal_names_the_collectors_whole_reason_in_the_outage_line(tmp
     assert lines[0].startswith(
         f"otel: exporting 20 spans failed (http://127.0.0.1:{port}: StatusCode.UNAUTHENTICATED: "
         "x-api-key header: not valid for tenant acme); retrying")
+
+
+# -- OTEL_PYTHON_EXPORTER_OTLP_GRPC_RETRYABLE_ERROR_CODES, read by the SDK itself --
+
+_RETRYABLE = "OTEL_PYTHON_EXPORTER_OTLP_GRPC_RETRYABLE_ERROR_CODES"
+
+
+def test_a_grpc_retryable_error_code_that_is_no_status_code_is_one_sentence_and_exit_2(
+        tmp_path):
+    """The SDK's gRPC exporter looked "SOMETIMES" up itself when built: exit 1
+    with a KeyError traceback. Now it is refused as every unusable setting is,
+    before anything is sent."""
+    db = str(tmp_path / "runs.db")
+    scenario_db(db)
+    before = (tmp_path / "runs.db").read_bytes()
+    done = run_otel(db, "--protocol", "grpc", "--endpoint", "http://127.0.0.1:1",
+                    "--cursor-file", str(tmp_path / "cursor"),
+                    env={_RETRYABLE: "UNAVAILABLE,SOMETIMES"})
+    err = done.stderr.decode()
+    assert done.returncode == 2, err
+    first = err.splitlines()[0]
+    assert first.startswith(f'usage: otel: {_RETRYABLE} "UNAVAILABLE,SOMETIMES": "SOMETIMES" is '
+                            "not a gRPC status code; give a comma-separated list of the names "
+                            "OK, CANCELLED, UNKNOWN, "), err
+    assert first.endswith(", UNAUTHENTICATED, or unset it"), err
+    assert "Traceback" not in err and "KeyError" not in err
+    assert done.stdout == b""
+    assert not (tmp_path / "cursor").exists()
+    assert (tmp_path / "runs.db").read_bytes() == before
+
+
+def test_grpc_retryable_error_codes_the_sdk_takes_leave_the_export_as_it_was(tmp_path):
+    db = str(tmp_path / "runs.db")
+    events = scenario_db(db)
+    with GrpcReceiver() as receiver:
+        done = run_otel(db, "--protocol", "grpc", "--endpoint", receiver.endpoint,
+                        "--cursor-file", str(tmp_path / "cursor"), timeout=20,
+                        env={_RETRYABLE: " unavailable, Resource_Exhausted ,"})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == b""
+    assert received_keys(receiver) == expected_keys(events)
