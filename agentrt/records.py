@@ -405,9 +405,10 @@ class PolicyDecision:
             out["reason"] = self.reason
         if self.kind:
             out["kind"] = self.kind
-        if self.capability:
+        # Blank JSON is absent, as the step's row keeps it (it would encode as null).
+        if self.capability and self.capability.strip():
             out["capability"] = Raw(self.capability)
-        if self.presentation:
+        if self.presentation and self.presentation.strip():
             out["presentation"] = Raw(self.presentation)
         return out
 

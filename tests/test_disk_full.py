@@ -567,3 +567,40 @@ def test_a_read_that_meets_a_disk_io_error_says_no_untrue_rollback(tmp_path):
     assert out.exit_code == 1
     assert "disk I/O error (injected EIO); check the file system holding it" in out.output
     assert "rolled back" not in out.output
+
+
+_LATE_OUTCOME_ON_A_FULL_DISK = """
+import os, resource, signal, sys
+sys.path.insert(0, {tests!r})
+from _driver_kit import call, limits, make
+from agentrt.driver import FuncTool, ToolResult, cancel
+from agentrt.records import Decision
+from agentrt.store import open_store
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+db = {db!r}
+store = open_store(db)
+def tool(c):  # an operator cancels while it runs, and then the disk fills
+    cancel(store, c.run_id, "alice", "stop")
+    resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(db + "-wal"),
+                                               resource.RLIM_INFINITY))
+    return ToolResult(b'{{"x":1}}', "did x")
+d, store, _, _ = make(store=store, script=[call("t"), Decision.complete()],
+                      tools=[FuncTool("t", tool, timeout=5)])
+try:
+    d.start("g", limits(), run_id="r")
+except Exception as exc:
+    print(exc)
+"""
+
+
+def test_a_late_tool_outcome_refused_by_a_full_disk_is_not_said_to_need_a_resume(tmp_path):
+    """The run was cancelled: 'resume run r' (said before) fails, as there is
+    nothing to resume; the sentence says the outcome stays unrecorded."""
+    db = str(tmp_path / "late.db")
+    script = _LATE_OUTCOME_ON_A_FULL_DISK.format(tests=str(Path(__file__).parent), db=db)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, check=False)
+    said = done.stdout.strip()
+    assert said.endswith("note that nothing can record what was refused (a tool's late "
+                         "outcome) now: run r is already CANCELLED"), (said, done.stderr[-500:])
+    assert "resume run" not in said

@@ -201,6 +201,38 @@ def test_consumers_cannot_corrupt_each_other():
     assert [s.status for s in store.list_steps(run.id)] == ["done", "done", "done"]
 
 
+def _scribble(view) -> None:
+    view.run.status, view.run.step_count, view.run.active_ms = "SCRATCH", 999, 10**9
+    view.steps, view.approvals = [], [1, 2, 3]
+
+
+@pytest.mark.parametrize("when", ["in the loop", "on resume"])
+def test_a_policy_that_changes_its_view_does_not_change_the_record_of_what_it_was_shown(when):
+    """step.policy's view summary was read from the object the policy was given,
+    after it returned: what it wrote there went into the hash-chained log."""
+    def payloads(scribbles: bool) -> list[dict]:
+        def rule(request, view):
+            if scribbles:
+                _scribble(view)
+            if when == "on resume":
+                return PolicyDecision.need_approval("remote_mutation", "ask", {"t": 1})
+            return PolicyDecision.allow()
+
+        from agentrt.testing import FakeClock
+        d, store, _, _ = make(script=[call("read", b'{"n":1}'), Decision.complete()],
+                              policy=PolicyFunc(rule), now=FakeClock())
+        run = d.start("g", limits(), run_id="r")
+        if when == "on resume":
+            d.approve("r", store.list_approvals("r")[0].id, "op")
+            run = d.resume("r")
+        assert run.status == "COMPLETED"
+        return [json.loads(e.payload)["view"] for e in store.list_events("r")
+                if e.type == "step.policy"]
+
+    honest, scribbled = payloads(False), payloads(True)
+    assert scribbled == honest and honest[0]["status"] != "SCRATCH"
+
+
 def test_an_observer_that_raises_does_not_break_the_run(caplog):
     def broken(event):
         raise RuntimeError("dashboard down")
@@ -229,3 +261,33 @@ def test_a_view_kept_by_a_consumer_does_not_change_afterwards():
     assert [len(k) for k in kept] == [0, 1, 2, 3]
     assert [s.status for s in kept[3]] == ["done", "done", "done"]
     assert kept[1][0] == store.list_steps(store.list_runs()[0].id)[0]
+
+
+@pytest.mark.parametrize("field", ["invalid_args", "invalid_result", "invalid_base64"])
+@pytest.mark.parametrize("value", [None, 0, []], ids=["None", "0", "empty-list"])
+def test_an_agents_own_falsy_invalid_fields_are_discarded_not_a_traceback(field, value):
+    """Spec 6.5: the agent's own invalid_* values are discarded. Before: a falsy
+    one that was not the default took the fast path and failed to store."""
+    d, store, _, _ = make(script=[Decision(kind="complete", **{field: value})])
+    run = d.start("g", limits(), run_id="r")
+    assert run.status == "COMPLETED"
+    decision = store.list_steps("r")[0].decision
+    assert (decision.invalid_args, decision.invalid_result, decision.invalid_base64) == (
+        "", "", False)
+
+
+def test_a_blank_capability_or_presentation_is_left_out_of_step_policy_as_of_the_row():
+    """Before: the event said "capability":null (a value the reference never
+    writes), the step's row had none and the approval {}."""
+    def rule(request, view):
+        return PolicyDecision("require_approval", "ask", "remote_mutation", b"  ", b"\n")
+
+    d, store, _, _ = make(script=[call("read", b'{"n":1}')], policy=PolicyFunc(rule))
+    d.start("g", limits(), run_id="r")
+    payload = json.loads(next(e.payload for e in store.list_events("r")
+                              if e.type == "step.policy"))
+    assert "capability" not in payload and "presentation" not in payload
+    policy = store.list_steps("r")[0].policy
+    assert (policy.capability, policy.presentation) == (None, None)
+    approval = store.list_approvals("r")[0]
+    assert (approval.capability, approval.presentation) == (b"{}", b"{}")

@@ -22,6 +22,7 @@ import apsw
 from agentrt.driver.checks import check_text
 from agentrt.driver.errors import ConfigError
 from agentrt.driver.loop import apply, evaluate, grant_expired, resume_run
+from agentrt.driver.policy import RunView
 from agentrt.driver.session import WAITING, Session, StepEnd, observation, require_latest
 from agentrt.driver.tools import check_args
 from agentrt.errors import (
@@ -270,8 +271,10 @@ def resume_approved(s: Session) -> Run | None:
         _invalid_on_resume(s, awaiting, grant, refused, resumed_at)
         return None
     view = s.view(s.run, awaiting.index)
+    # What the record says the policy was shown, whatever it does to its copies.
+    shown = RunView(s.run, view.steps, view.approvals)
     pd, perr = evaluate(s, request, view)
-    return apply(s, awaiting, (StepStatus.AWAITING_APPROVAL.value,), request, pd, perr, view,
+    return apply(s, awaiting, (StepStatus.AWAITING_APPROVAL.value,), request, pd, perr, shown,
                  (spec_hash, text), grant=grant, resumed_at=resumed_at)
 
 

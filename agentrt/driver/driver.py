@@ -394,16 +394,23 @@ def _too_big_start(s: Session, goal: str, entries: Sequence[tuple[ToolSpec, str,
             "nothing was written")
 
 
+_ENDED = (RunStatus.COMPLETED.value, RunStatus.FAILED.value, RunStatus.CANCELLED.value)
+
+
 def _unwritten(core: Core, run_id: str, exc: StoreWriteError) -> StoreWriteError:
     """A transaction the disk refused, said with what to do next: resume the run (or
     start it again, if not even its start was written). The lease could not be
     released on a full disk either: another driver's resume waits for its expiry."""
     try:
         owner, expires = core.store.lease(run_id)
+        status = core.store.get_run_capped(run_id).status
     except NotFoundError:
         return exc.retold(core.store.path, "start the run again")
     except (AgentrtError, apsw.Error):
-        owner, expires = "", None
+        owner, expires, status = "", None, ""
+    if status in _ENDED:  # a cancel ended it meanwhile: nothing is left to resume
+        return exc.retold(core.store.path, "note that nothing can record what was refused "
+                          f"(a tool's late outcome) now: run {run_id} is already {status}")
     action = f"resume run {run_id}"
     if owner == core.owner and expires is not None:
         action += (f" (this driver at once; another once the lease it holds, which could not "

@@ -313,8 +313,8 @@ def _normalise(decision: Decision) -> tuple[Decision, Decision, str | None, Args
         args_problem, policy_args, canonical_args = check_and_forms(args)
         forms = (policy_args, canonical_args)
     result_problem = check_json(result) if result is not None else None
-    if (args_problem is None and result_problem is None and not d.invalid_args
-            and not d.invalid_result and not d.invalid_base64):
+    if (args_problem is None and result_problem is None and d.invalid_args == ""
+            and d.invalid_result == "" and d.invalid_base64 is False):
         return original, original, None, forms  # the usual case: both forms are one
     recorded = Decision(d.kind, d.tool, args, d.reason, result, d.message, d.origin)
     if args_problem is not None or result_problem is not None:
@@ -442,9 +442,9 @@ def _propose(s: Session, run: Run, step: Step, decision: Decision,
         # The loop check's key for these arguments (limits._signature): the
         # canonical form just made with their check, hashed only for a loop found.
         s.signatures[step.id] = canonical_args
-    view = RunView(copy_run(run), *shown)
-    pd, perr = evaluate(s, request, view, policy_args or None)
-    return apply(s, stored, DECIDING, request, pd, perr, view, entry)
+    # The policy gets copies to keep or change; the record says what it was shown.
+    pd, perr = evaluate(s, request, RunView(copy_run(run), *shown), policy_args or None)
+    return apply(s, stored, DECIDING, request, pd, perr, RunView(run, *shown), entry)
 
 
 def evaluate(s: Session, request: ToolRequest, view: RunView, args_form: bytes | None = None,
