@@ -148,17 +148,26 @@ def test_file_cursor_is_0600_whatever_the_umask_or_the_old_mode(tmp_path):
     assert FileCursor(path).load() == 2
 
 
-def test_file_cursor_syncs_the_file_and_then_its_directory(tmp_path, monkeypatch):
-    synced: list[str] = []
-    real_fsync = os.fsync
+def test_file_cursor_syncs_the_file_then_renames_it_then_syncs_its_directory(
+        tmp_path, monkeypatch):
+    """The order is the guarantee: the data is on disk before the name points
+    at it, and the name is on disk after (a directory synced before the
+    rename would not keep it across a power cut)."""
+    done: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
 
     def recording_fsync(fd):
-        synced.append("dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        done.append("sync dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "sync file")
         real_fsync(fd)
 
+    def recording_replace(src, dst, *args, **kwargs):
+        done.append("rename")
+        real_replace(src, dst, *args, **kwargs)
+
     monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(os, "replace", recording_replace)
     FileCursor(tmp_path / "cursor").save(3)
-    assert synced == ["file", "dir"]
+    assert done == ["sync file", "rename", "sync dir"]
 
 
 def test_file_cursor_works_in_the_current_directory(tmp_path, monkeypatch):

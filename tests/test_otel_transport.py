@@ -106,8 +106,12 @@ def test_a_failed_export_is_retried_with_the_same_spans_and_no_event_is_mapped_t
 def test_backoff_doubles_with_jitter_up_to_its_cap() -> None:
     backoff = Backoff(initial=1.0, maximum=30.0, jitter=0.2)
     for attempt, base in [(0, 1.0), (1, 2.0), (3, 8.0), (10, 30.0), (500, 30.0)]:
-        delay = backoff.delay(attempt)
-        assert base * 0.8 <= delay <= base * 1.2
+        delays = [backoff.delay(attempt) for _ in range(200)]
+        assert all(base * 0.8 <= d <= base * 1.2 for d in delays)
+        # Jittered: spread over the band (exporters restarted together do not
+        # retry in step), not the base each time.
+        assert len(set(delays)) > 150
+        assert min(delays) < base * 0.9 and max(delays) > base * 1.1
 
 
 def test_a_stop_cuts_the_wait_short_and_leaves_the_page_unacknowledged() -> None:
