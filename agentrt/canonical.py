@@ -60,12 +60,10 @@ def _encode_canonical(value: Any, out: list[str], html: bool) -> None:
     elif isinstance(value, str):
         out.append(encode_string(_clean(value), html))
     elif isinstance(value, dict):
-        # Keys that differ only by a lone surrogate become one key, the last
-        # one winning, as in Go's map; sorting by key alone never compares values.
-        cleaned = {_clean(k): v for k, v in value.items()}
+        # The decoder cleaned the keys; sorting by key alone never compares values.
         out.append("{")
-        for i, k in enumerate(sorted(cleaned)):
-            v = cleaned[k]
+        for i, k in enumerate(sorted(value)):
+            v = value[k]
             if i:
                 out.append(",")
             out.append(encode_string(k, html))
@@ -93,8 +91,15 @@ def _raise_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _clean_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # Keys that differ only by a lone surrogate become one key, U+FFFD, in the
+    # order written, so the last member wins, as in Go's map (spec 4.1).
+    return {_clean(k): v for k, v in pairs}
+
+
 _DECODER = json.JSONDecoder(
-    parse_float=_Number, parse_int=_Number, parse_constant=_raise_constant
+    object_pairs_hook=_clean_keys,
+    parse_float=_Number, parse_int=_Number, parse_constant=_raise_constant,
 )
 _WS = " \t\n\r"
 
@@ -164,7 +169,17 @@ def _fast_canonical(data: bytes, html: bool) -> bytes | None:
         return None
     if keys_and_floats(value)[1]:
         return None
-    return add_go_escapes(orjson.dumps(value, option=orjson.OPT_SORT_KEYS), html)
+    plain = _sorted_dumps(value)
+    return add_go_escapes(plain, html) if plain is not None else None
+
+
+def _sorted_dumps(value: Any) -> bytes | None:
+    """orjson's sorted output of ``value``, or None when orjson will not write it:
+    its encoder stops at 255 levels of nesting, where the limit is 256."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:
+        return None
 
 
 # The literal -0, or text inside a string that looks like it ("-0" in a date
@@ -398,7 +413,7 @@ def _checked_sorted(data: bytes) -> tuple[str | None, bytes | None]:
     # As in _fast_canonical: number literals must be written back as written.
     if floats or (data.find(b"-0") >= 0 and _NEGATIVE_ZERO.search(data) is not None):
         return None, None
-    return None, orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    return None, _sorted_dumps(value)
 
 
 def check_and_hash(data: bytes) -> tuple[str | None, str]:

@@ -31,7 +31,9 @@ def chain_hash(
     type: str,
     payload_json: bytes | str,
 ) -> str:
-    """Lowercase hex sha256 over seven netstrings of the fields exactly as stored."""
+    """Lowercase hex sha256 over seven netstrings of the fields exactly as stored
+    (a stored previous hash that is not UTF-8 comes as text decoded with
+    ``surrogateescape``, which gives its bytes back)."""
     if isinstance(payload_json, str):
         s = str(seq)
         # The writer computes this on every append, with the payload as the text it
@@ -51,6 +53,6 @@ def chain_hash(
         payload = payload_json.encode("utf-8")
     else:
         payload = payload_json
-    fields = [f.encode("utf-8") for f in (prev_hash, str(seq), run_id, step_id, at, type)]
-    fields.append(payload)
+    fields = [prev_hash.encode("utf-8", "surrogateescape"),
+              *(f.encode("utf-8") for f in (str(seq), run_id, step_id, at, type)), payload]
     return hashlib.sha256(b"".join(netstring(f) for f in fields)).hexdigest()

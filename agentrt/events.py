@@ -178,5 +178,8 @@ Event.register(_StoredEvent)
 #: (``at`` as stored text, ``payload`` as bytes): the readers' fast path.
 event_from_fields = cast(Callable[[Iterable[Any]], Event], _StoredEvent)
 
-#: Receives each event after its transaction commits, in seq order.
+#: Receives each event after its transaction commits, a transaction's events in
+#: the order they were appended (rising seq). Transactions on other threads
+#: deliver independently: an observer they share may see a later transaction's
+#: event between two of an earlier one's (seq 1, 3, 2).
 Observer = Callable[[Event], None]

@@ -140,3 +140,61 @@ def test_raw_members_keep_each_value_byte_exact():
     assert got == {"a": b"[1]", "b": b'"s"'}
     with pytest.raises(ValueError):
         raw_members(b"[1]")
+
+
+def _nested(depth: int, inner: bytes = b"") -> bytes:
+    return b'{"a":' * (depth - 1) + b"[" + inner + b"]" + b"}" * (depth - 1)
+
+
+@pytest.mark.parametrize("depth", [254, 255, 256])
+@pytest.mark.parametrize("inner", [b"", b"1"])
+def test_json_nested_up_to_256_levels_has_the_strict_paths_forms(depth, inner):
+    """orjson's encoder stops at 255 levels (a TypeError); the limit is 256."""
+    from agentrt.canonical import (
+        _strict_canonical,
+        canonical_text,
+        check_and_forms,
+        check_and_hash,
+    )
+    for data in (b"[" * depth + b"]" * depth, _nested(depth, inner)):
+        assert check_json(data) is None
+        want = _strict_canonical(data, True)
+        assert canonical_json(data) == want == canonical_text(data)
+        assert policy_json(data) == _strict_canonical(data, False)
+        assert content_hash(data) == hashlib.sha256(want).hexdigest()
+        assert check_and_hash(data) == (None, hashlib.sha256(want).hexdigest())
+        assert check_and_forms(data) == (None, _strict_canonical(data, False), want)
+
+
+def test_a_run_whose_tool_result_and_arguments_are_nested_256_levels_completes():
+    from _driver_kit import limits, make
+
+    from agentrt.driver import FuncTool, ToolResult
+    from agentrt.records import Decision
+
+    deep = b"[" * 256 + b"]" * 256
+    args = b'{"a":' + b"[" * 255 + b"]" * 255 + b"}"
+    ran: list[bytes] = []
+
+    def fetch(call):
+        ran.append(call.args)
+        return ToolResult(deep, "deep")
+
+    d, store, _, _ = make(script=[Decision.tool_call("fetch", args), Decision.complete()],
+                          tools=[FuncTool("fetch", fetch, side_effect="local_mutation")])
+    run = d.start("g", limits(), run_id="r")
+    assert (run.status, run.reason) == ("COMPLETED", "goal_completed")
+    assert len(ran) == 1
+    assert [s.status for s in store.list_steps("r")][0] == "done"
+
+
+def test_keys_that_differ_only_by_lone_surrogates_keep_the_last_value_written():
+    """Go decodes each key to U+FFFD as it reads it, so the last member wins
+    (spec 4.1), not the last value of the first spelling."""
+    from agentrt.canonical import canonical_text
+
+    data = b'{"\\ud800":1,"\\ud801":2,"\\ud800":3}'
+    assert canonical_text(data) == '{"\ufffd":3}'.encode()
+    assert content_hash(data) == hashlib.sha256('{"\ufffd":3}'.encode()).hexdigest()
+    assert policy_json(b'[{"\\udc00":[1],"a":0,"\\udc01":{"\\ud800":1,"\\ud800":2}}]') == \
+        '[{"a":0,"\ufffd":{"\ufffd":2}}]'.encode()

@@ -216,3 +216,38 @@ def test_event_hash_is_sha256_of_seven_netstrings_of_the_stored_bytes(run_id, st
         b"step.started", data))).hexdigest()
     assert chain_hash("a" * 64, 12345, run_id, step_id, "2026-10-01T09:00:00Z",
                       "step.started", payload) == want
+
+
+def test_a_stored_hash_that_is_not_utf8_is_a_break_shown_with_replacement_characters(path):
+    edit(path, "UPDATE events SET hash = CAST(X'66FF' AS TEXT) WHERE seq = 3")
+    with open_existing(path) as store:
+        broken = store.verify_events().broken
+        assert broken is not None and (broken.seq, broken.found) == (3, "f\ufffd")
+        assert broken.detail == MISMATCH
+        broken = store.verify_events(4).broken  # the next event chains from other bytes
+        assert broken is not None and broken.seq == 4
+
+
+def test_an_event_appended_after_a_head_hash_that_is_not_utf8_chains_from_its_bytes(path):
+    import hashlib
+
+    edit(path, "UPDATE events SET hash = CAST(X'66FF' AS TEXT) WHERE seq = 10")
+    with open_store(path) as store:
+        with store.tx() as tx:
+            event = tx.append("a", "", T0, "step.started", b"{}")
+        want = hashlib.sha256(b"2:f\xff,2:11,1:a,0:,20:2026-10-01T09:00:00Z,"
+                              b"12:step.started,2:{},").hexdigest()
+        assert store.event_hash(11) == want
+        assert event.seq == 11
+        assert store.verify_events(11).intact
+
+
+@pytest.mark.parametrize("seq", [2, 10])
+def test_a_correct_hash_stored_as_a_blob_verifies_and_is_chained_from(path, seq):
+    edit(path, "UPDATE events SET hash = CAST(hash AS BLOB) WHERE seq = ?", seq)
+    with open_store(path) as store:
+        assert store.verify_events().intact
+        assert store.verify_events(seq + 1).intact
+        with store.tx() as tx:
+            tx.append("a", "", T0, "step.started", {})
+        assert store.verify_events().intact

@@ -1,7 +1,9 @@
 """Walking the event hash chain with bounded memory.
 
 Used by migration 6 (which hashes every stored event) and by
-``Store.verify_events``. Fields are read as bytes exactly as stored: each
+``Store.verify_events``. Fields, and the previous event's stored hash, are
+read as bytes exactly as stored (a hash stored as a BLOB, or as text that is
+not UTF-8, is hashed as its bytes, as the writer does): each
 field's length comes with the page (``octet_length`` reads only the record
 header), and so does a field of at most 4096 bytes; a longer one is streamed
 into the hash in 64 KiB chunks through an incremental blob handle, so a huge
@@ -35,7 +37,7 @@ STORED_HASH_CAP = 128
 _FIELDS = ("run_id", "step_id", "at", "type", "payload_json")
 
 _PAGE_SQL = (
-    f"SELECT seq, substr(hash, 1, {STORED_HASH_CAP}), "
+    f"SELECT seq, substr(CAST(hash AS BLOB), 1, {STORED_HASH_CAP}), "
     + ", ".join(
         f"octet_length({f}), "
         f"CASE WHEN octet_length({f}) <= {CHAIN_INLINE} THEN CAST({f} AS BLOB) END"
@@ -78,11 +80,16 @@ def _as_bytes(v: object) -> bytes:
     return str(v).encode("utf-8")
 
 
-def _event_hash(conn: apsw.Connection, prev: str, row: Sequence[Any]) -> str:
+def _shown(stored: bytes) -> str:
+    """A stored hash as text for a report (bytes that are not UTF-8 as U+FFFD)."""
+    return stored.decode("utf-8", "replace")
+
+
+def _event_hash(conn: apsw.Connection, prev: bytes, row: Sequence[Any]) -> str:
     seq = int(row[0])
     h = hashlib.sha256()
     parts: list[tuple[int, bytes, str]] = [
-        (len(prev.encode()), prev.encode(), ""),
+        (len(prev), prev, ""),
         (len(str(seq)), str(seq).encode(), ""),
     ]
     for i, field in enumerate(_FIELDS):
@@ -125,12 +132,13 @@ def _pages(conn: apsw.Connection, first: int, last: int) -> Iterator[list[Any]]:
 
 def backfill_hashes(conn: apsw.Connection) -> None:
     """Migration 6's side action: chain every stored event, in seq order."""
-    prev = ""
+    prev = b""
     updates: list[tuple[str, int]] = []
     for rows in _pages(conn, 0, 2**63 - 1):
         for row in rows:
-            prev = _event_hash(conn, prev, row)
-            updates.append((prev, int(row[0])))
+            digest = _event_hash(conn, prev, row)
+            prev = digest.encode()
+            updates.append((digest, int(row[0])))
         conn.executemany("UPDATE events SET hash = ? WHERE seq = ?", updates)
         updates.clear()
 
@@ -150,20 +158,22 @@ def verify(conn: apsw.Connection, from_seq: int = 0, to_seq: int = 0) -> VerifyR
     """
     first = max(from_seq, 1)
     last = to_seq if to_seq >= 1 else _head_seq(conn)
-    prev = ""
+    prev = b""
     if first > 1:
         row = conn.execute(
-            "SELECT substr(hash, 1, ?) FROM events WHERE seq < ? ORDER BY seq DESC LIMIT 1",
+            "SELECT substr(CAST(hash AS BLOB), 1, ?) FROM events WHERE seq < ? "
+            "ORDER BY seq DESC LIMIT 1",
             (STORED_HASH_CAP, first),
         ).fetchone()
-        prev = str(row[0]) if row else ""
+        prev = _as_bytes(row[0]) if row else b""
     checked = 0
     last_hash = ""
     expected_seq: int | None = None
     for rows in _pages(conn, first, last):
         for row in rows:
             seq = int(row[0])
-            stored = str(row[1] or "")
+            raw = _as_bytes(row[1])
+            stored = _shown(raw)
             if expected_seq is None and first == 1 and seq != 1:
                 return VerifyReport(first, last, checked, last_hash, ChainBreak(
                     seq, "", stored, f"the first event is seq {seq}: an event is missing"))
@@ -171,13 +181,13 @@ def verify(conn: apsw.Connection, from_seq: int = 0, to_seq: int = 0) -> VerifyR
                 return VerifyReport(first, last, checked, last_hash, ChainBreak(
                     seq, "", stored, f"seq {seq} follows {expected_seq - 1}: an event is missing"))
             want = _event_hash(conn, prev, row)
-            if want != stored:
+            if want.encode() != raw:
                 return VerifyReport(first, last, checked, last_hash, ChainBreak(
                     seq, want, stored,
                     "the stored hash is not the one the event's fields and the previous "
                     "event's hash give"))
             checked += 1
             last_hash = stored
-            prev = stored
+            prev = raw
             expected_seq = seq + 1
     return VerifyReport(first, last, checked, last_hash)

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import resource
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, nullcontext, suppress
 from datetime import datetime
 from types import TracebackType
 from typing import Any
@@ -34,6 +35,7 @@ __all__ = [
     "StoreFullError",
     "StoreIOError",
     "StoreWriteError",
+    "TransactionEndedError",
     "TransactionOpenError",
     "Tx",
     "TxScope",
@@ -53,6 +55,15 @@ class TransactionOpenError(AgentrtError, apsw.SQLError):
     ``store.tx()`` inside another). Also the ``apsw.SQLError`` SQLite raises."""
 
     base = "agentrt: a transaction is already open on this store"
+
+
+class TransactionEndedError(AgentrtError, apsw.SQLError):
+    """SQL run through a ``store.tx()`` (a ROLLBACK, COMMIT, or ROLLBACK TO a
+    savepoint) ended its transaction or undid events appended in it. The
+    transaction's events and chain head are kept in memory, so it is refused
+    whole. Also the ``apsw.SQLError`` the COMMIT of an ended one raised."""
+
+    base = "agentrt: SQL run inside store.tx() ended its transaction or undid its events"
 
 
 class StoreWriteError(apsw.Error):
@@ -134,8 +145,12 @@ _HEAD_SQL = (
     "COALESCE((SELECT seq FROM sqlite_sequence WHERE name = (SELECT name FROM sqlite_schema "
     "WHERE type = 'table' AND lower(name) = 'events')), 0), "
     "COALESCE((SELECT MAX(seq) FROM events), 0)), "
-    "(SELECT CAST(hash AS TEXT) FROM events ORDER BY seq DESC LIMIT 1)"
+    # As stored, bytes: the chain hashes them (a BLOB, or text that is not UTF-8).
+    "(SELECT CAST(hash AS BLOB) FROM events ORDER BY seq DESC LIMIT 1)"
 )
+# How many of the transaction's appended seqs are still stored, and the last one's hash.
+_APPENDED_SQL = ("SELECT COUNT(*), (SELECT hash FROM events WHERE seq = ?2) FROM events "
+                 "WHERE seq >= ?1 AND seq <= ?2")
 _INSERT_EVENT_SQL = (
     "INSERT INTO events (seq, run_id, step_id, at, type, payload_json, hash) "
     "VALUES (?, ?, ?, ?, ?, ?, ?)"
@@ -286,7 +301,9 @@ class Tx:
     transaction and the observer never sees an event whose state did not
     commit. Inside, ``execute`` runs a statement on the store's connection and
     ``append`` adds an event with the next seq (head + 1, read once inside this
-    transaction) and its chain hash.
+    transaction) and its chain hash. Ending the transaction is the block's:
+    SQL that ends it or rolls a savepoint back over appended events is
+    refused (:class:`TransactionEndedError`), as its events are kept here.
 
     The context manager and the handle are one object (``TxScope`` is the same
     class under its former name): every write of every step goes through it,
@@ -294,7 +311,7 @@ class Tx:
     """
 
     __slots__ = ("_conn", "_cur", "_known_head", "_head_hash", "_head_seq", "_lock",
-                 "_observer", "events")
+                 "_observer", "_undo_possible", "events")
 
     def __init__(self, conn: apsw.Connection,
                  lock: AbstractContextManager[Any] | None = None,
@@ -314,17 +331,29 @@ class Tx:
         self._head_seq: int | None = None
         self._head_hash = ""
         self.events: list[Event] = []
+        #: Whether SQL run here may have ended the transaction or rolled a
+        #: savepoint back over appended events (checked at the commit then).
+        self._undo_possible = False
 
     def __enter__(self) -> Tx:
         lock = self._lock
         lock.__enter__()
+        conn = self._conn
+        was_open = True  # (until read: a closed connection raises reading it)
         try:
+            was_open = conn.in_transaction
             self._cur.execute("BEGIN IMMEDIATE")
         except BaseException as exc:
+            if not was_open:
+                # BEGIN may have succeeded and then an interrupt (Ctrl-C while
+                # it waited for the write lock) surfaced: end what it began.
+                with suppress(apsw.Error):
+                    if conn.in_transaction:
+                        self._cur.execute("ROLLBACK")
             lock.__exit__(None, None, None)
             if isinstance(exc, CLOSED):
                 raise closed_error() from exc
-            if isinstance(exc, apsw.SQLError) and self._conn.in_transaction:
+            if isinstance(exc, apsw.SQLError) and was_open:
                 raise TransactionOpenError(
                     "store.tx() cannot begin inside another on the same connection; do "
                     "these writes in the open transaction, or after it ends") from exc
@@ -337,6 +366,13 @@ class Tx:
         cur = self._cur
         try:
             if exc_type is None:
+                if self._undo_possible and self.events and not self._appended_stored():
+                    if conn.in_transaction:
+                        cur.execute("ROLLBACK")
+                    raise TransactionEndedError(
+                        "events appended in it were rolled back (a ROLLBACK, or a ROLLBACK "
+                        "TO a savepoint), so it was rolled back whole and the observer got "
+                        "nothing; undo appended events only by raising out of the with block")
                 try:
                     cur.execute("COMMIT")
                 except BaseException as failed:
@@ -348,9 +384,12 @@ class Tx:
                     raise
                 known = self._known_head
                 if known is not None and self._head_seq is not None:
-                    known.version = conn.data_version()
+                    # Invalid first, valid last: an interrupt in between must not
+                    # leave an old head under the current version.
+                    known.version = -1
                     known.seq = self._head_seq
                     known.hash = self._head_hash
+                    known.version = conn.data_version()
             else:
                 said = conn.system_errno
                 if conn.in_transaction:
@@ -366,6 +405,15 @@ class Tx:
             for event in self.events:
                 observer(event)
 
+    def _appended_stored(self) -> bool:
+        """Whether every event appended is still stored, the last with its hash:
+        a savepoint rolled back over some would leave the chain broken and the
+        observer told of events that are not there."""
+        events = self.events
+        count, last_hash = self._cur.execute(
+            _APPENDED_SQL, (events[0][0], events[-1][0])).fetchall()[0]
+        return bool(count == len(events) and last_hash == self._head_hash)
+
     @property
     def conn(self) -> apsw.Connection:
         return self._conn
@@ -373,19 +421,22 @@ class Tx:
     def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> apsw.Cursor:
         """Run one statement (or several) in this transaction; its own cursor, so
         its rows can be read while other statements run."""
-        try:
-            return self._conn.execute(sql, params)
-        except UnicodeEncodeError:
-            return self._conn.execute(sql, storable(params))
+        if _shape(sql) & _MAY_UNDO:
+            self._undo_possible = True
+        return self._conn.execute(sql, bindable(params))
 
     def run(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> int:
         """Run one statement that returns no rows (an INSERT or UPDATE without
         RETURNING): cheaper than :meth:`execute`, as it reuses one cursor.
         Returns the rows it changed (as :meth:`changes` would, one call less
         for a compare-and-set write)."""
+        shape = _shape(sql)
+        if shape:
+            self._undo_possible = self._undo_possible or bool(shape & _MAY_UNDO)
+            params = bindable(params)  # several: the ones before a failed bind would run again
         try:
             self._cur.execute(sql, params)
-        except UnicodeEncodeError:
+        except UnicodeEncodeError:  # one statement: refused at its bind, it did not run
             self._cur.execute(sql, storable(params))
         return self._conn.changes()
 
@@ -398,7 +449,7 @@ class Tx:
         """
         try:
             row = self._conn.execute(sql, params).fetchone()
-        except UnicodeEncodeError:
+        except UnicodeEncodeError:  # one statement: refused at its bind, it did not run
             row = self._conn.execute(sql, storable(params)).fetchone()
         return tuple(row) if row is not None else None
 
@@ -408,7 +459,7 @@ class Tx:
         nothing afterwards and skips a cursor of its own (a third of the query)."""
         try:
             rows = self._cur.execute(sql, params).fetchall()
-        except UnicodeEncodeError:
+        except UnicodeEncodeError:  # one statement: refused at its bind, it did not run
             rows = self._cur.execute(sql, storable(params)).fetchall()
         return tuple(rows[0]) if rows else None
 
@@ -437,7 +488,10 @@ class Tx:
         JSON value in UTF-8 (blank: ``{}``), a dict (encoded as Go encodes a
         struct, in insertion order; no floats) or None (``{}``). Anything else
         raises TypeError or ValueError naming the argument, before anything is
-        read or written; raised inside ``with``, it rolls the transaction back.
+        read or written (a ``run_id`` naming no run, when the insert finds it;
+        it writes nothing either); raised inside ``with``, it rolls the
+        transaction back. Appending after SQL run through :meth:`execute`
+        ended the transaction raises :class:`TransactionEndedError`.
         """
         # The arguments are checked before anything is read or written, each
         # where using it costs the check anyway: a wrong one fails that use
@@ -465,9 +519,17 @@ class Tx:
             at_text = format_time(at) if at.tzinfo is not None else ""
         except AttributeError:
             at_text = ""
+        except OverflowError:
+            raise ValueError(f"agentrt: append: at {at.isoformat()} is out of range in UTC "
+                             "(its offset takes it before year 1 or past year 9999): pass "
+                             "the time the event happened") from None
         if not at_text:
             raise _at_error(at)
         conn = self._conn
+        if not conn.in_transaction:
+            raise TransactionEndedError(
+                "append needs the transaction open, and a ROLLBACK or COMMIT run through "
+                "execute ended it; leave ending it to the with block")
         seq = self._head_seq
         if seq is None:
             known = self._known_head
@@ -477,7 +539,10 @@ class Tx:
                 row = self._cur.execute(_HEAD_SQL).fetchone()
                 assert row is not None  # an aggregate always yields a row
                 seq = int(row[0])
-                self._head_hash = str(row[1] or "")
+                # Bytes that are not UTF-8 become lone surrogates, which the
+                # chain hash below cannot encode: its fallback hashes them back
+                # to the stored bytes.
+                self._head_hash = (row[1] or b"").decode("utf-8", "surrogateescape")
         if seq >= _MAX_SEQ:
             raise StoreWriteError(
                 conn.filename, f"its events have used every seq SQLite counts (the head is "
@@ -490,7 +555,14 @@ class Tx:
             clean = replace_lone_surrogates
             run_id, step_id, type = clean(run_id), clean(step_id), clean(type)
             digest = chain_hash(self._head_hash, seq, run_id, step_id, at_text, type, text)
-        self._cur.execute(_INSERT_EVENT_SQL, (seq, run_id, step_id, at_text, type, text, digest))
+        try:
+            self._cur.execute(_INSERT_EVENT_SQL,
+                              (seq, run_id, step_id, at_text, type, text, digest))
+        except apsw.ConstraintError:
+            if self.only("SELECT 1 FROM runs WHERE id = ?", (run_id,)) is not None:
+                raise
+            raise ValueError(f"agentrt: append: run {_shown(run_id)} does not exist: insert "
+                             "the run first, or name one that exists") from None
         self._head_seq = seq
         self._head_hash = digest
         # Event's own constructor would format ``at`` again; the fields are final.
@@ -506,12 +578,48 @@ def storable(params: Sequence[Any] | Mapping[str, Any]) -> Sequence[Any] | Mappi
     decoder makes one from a ``"\\ud800"`` escape a model wrote), so binding
     one raises before the statement runs. Such text is stored as the JSON
     encoder writes it, U+FFFD, instead of failing the transition half-way.
-    Applied only after a bind failed: the usual write pays nothing.
     """
     if isinstance(params, Mapping):
         return {k: replace_lone_surrogates(v) if isinstance(v, str) else v
                 for k, v in params.items()}
     return [replace_lone_surrogates(v) if isinstance(v, str) else v for v in params]
+
+
+#: Words of the SQL that can end a transaction or undo part of it.
+_TRANSACTION_CONTROL = re.compile(r"\b(?:ROLLBACK|COMMIT|END|RELEASE|SAVEPOINT)\b", re.I)
+_MAY_UNDO, _SEVERAL = 1, 2
+_SHAPES: dict[str, int] = {}
+
+
+def _shape(sql: str) -> int:
+    """Whether ``sql`` may end the transaction or roll a savepoint back (so the
+    commit checks its events are still there), and whether it may be several
+    statements (so a parameter is made bindable before any runs); remembered
+    per text, as the runtime's own statements are a few constant ones."""
+    shape = _SHAPES.get(sql)
+    if shape is None:
+        shape = ((_MAY_UNDO if _TRANSACTION_CONTROL.search(sql) else 0)
+                 | (_SEVERAL if ";" in sql.strip().rstrip(";") else 0))
+        if len(_SHAPES) < 1024:
+            _SHAPES[sql] = shape
+    return shape
+
+
+def bindable(params: Sequence[Any] | Mapping[str, Any]) -> Sequence[Any] | Mapping[str, Any]:
+    """``params`` itself, or :func:`storable` of it when a string holds a lone
+    surrogate. Checked before the SQL runs, not after a bind failed: a text of
+    several statements has run those before the failing one, and would run
+    them twice. Only a non-ASCII string can hold one, so the usual write pays
+    an ``isascii`` per string."""
+    values = (params if params.__class__ is tuple
+              else params.values() if isinstance(params, Mapping) else params)
+    for v in values:
+        if isinstance(v, str) and not v.isascii():
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return storable(params)
+    return params
 
 
 #: The former name of the transaction's context manager, now :class:`Tx` itself.

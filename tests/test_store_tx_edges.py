@@ -1,0 +1,242 @@
+"""Transactions at their edges: interrupts, SQL that controls the transaction
+itself, parameters SQLite cannot bind, and arguments out of range."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from datetime import UTC, datetime, timedelta, timezone
+
+import apsw
+import pytest
+from store_helpers import T0, insert_run
+
+from agentrt import open_store
+from agentrt.store.tx import TransactionEndedError
+
+
+@pytest.fixture
+def path(tmp_path):
+    path = str(tmp_path / "a.db")
+    with open_store(path) as s, s.tx() as tx:
+        insert_run(tx, "r")
+    return path
+
+
+@pytest.fixture
+def store(path):
+    with open_store(path) as s:
+        yield s
+
+
+def test_ctrl_c_while_begin_waits_for_the_write_lock_leaves_no_transaction_open(path, store):
+    """SIGINT arrives while BEGIN IMMEDIATE waits on another connection's lock;
+    Python raises it once BEGIN has returned, which may be after it began."""
+    other = apsw.Connection(path)
+    other.execute("BEGIN IMMEDIATE")
+    release = threading.Timer(1.0, lambda: other.execute("COMMIT"))
+    interrupt = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        release.start()
+        interrupt.start()
+        with pytest.raises(KeyboardInterrupt), store.tx() as tx:
+            tx.append("r", "", T0, "never", {})
+            time.sleep(5)  # (an interrupt that came only now still ends the test)
+    finally:
+        interrupt.join()
+        release.join()
+        signal.signal(signal.SIGINT, previous)
+    assert not store.db().in_transaction
+    with store.tx() as tx:
+        tx.append("r", "", T0, "next", {})
+    assert [e.type for e in store.list_events("r")] == ["next"]
+    writer = apsw.Connection(path)
+    writer.setbusytimeout(500)
+    writer.execute("BEGIN IMMEDIATE")  # no lock left behind
+    writer.execute("ROLLBACK")
+
+
+@pytest.mark.parametrize("method", ["execute", "run"])
+def test_statements_with_a_lone_surrogate_parameter_each_run_once(store, method):
+    """The surrogate is stored as U+FFFD; the statements before the one that
+    binds it are not run again."""
+    with store.tx() as tx:
+        tx.execute("CREATE TABLE notes (n TEXT)")
+    with store.tx() as tx:
+        getattr(tx, method)("INSERT INTO notes VALUES (?); INSERT INTO notes VALUES (?)",
+                            ("first", "bad \ud800"))
+        getattr(tx, method)("INSERT INTO notes VALUES (:a); INSERT INTO notes VALUES (:b)",
+                            {"a": "third", "b": "\udfff"})
+    rows = store.db().execute("SELECT n FROM notes ORDER BY rowid").fetchall()
+    assert [r[0] for r in rows] == ["first", "bad \ufffd", "third", "\ufffd"]
+
+
+def test_a_savepoint_rolled_back_over_appended_events_is_refused_and_nothing_observed(store):
+    seen: list = []
+    with pytest.raises(TransactionEndedError, match="rolled back whole"), \
+            store.tx(seen.append) as tx:
+        tx.append("r", "", T0, "one", {})
+        tx.execute("SAVEPOINT sp")
+        tx.append("r", "", T0, "two", {})
+        tx.execute("ROLLBACK TO sp")
+        tx.execute("RELEASE sp")
+        tx.append("r", "", T0, "three", {})
+    assert seen == []
+    assert store.list_events("r") == []
+    assert not store.db().in_transaction
+    with store.tx(seen.append) as tx:
+        tx.append("r", "", T0, "next", {})
+    assert [e.type for e in seen] == ["next"]
+    assert store.verify_events().intact
+
+
+def test_a_savepoint_rolled_back_over_the_last_appended_event_is_refused(store):
+    seen: list = []
+    with pytest.raises(TransactionEndedError), store.tx(seen.append) as tx:
+        tx.append("r", "", T0, "one", {})
+        tx.execute("SAVEPOINT sp")
+        tx.append("r", "", T0, "two", {})
+        tx.execute("ROLLBACK TO sp")
+    assert (seen, store.list_events("r")) == ([], [])
+
+
+def test_a_savepoint_that_keeps_its_events_commits(store):
+    seen: list = []
+    with store.tx(seen.append) as tx:
+        tx.execute("SAVEPOINT sp")
+        tx.append("r", "", T0, "one", {})
+        tx.execute("RELEASE sp")
+        tx.append("r", "", T0, "two", {})
+    assert [e.type for e in seen] == [e.type for e in store.list_events("r")] == ["one", "two"]
+    assert store.verify_events().intact
+
+
+def test_append_after_a_rollback_run_through_execute_is_refused(store):
+    seen: list = []
+    with pytest.raises(TransactionEndedError, match="append"), store.tx(seen.append) as tx:
+        tx.append("r", "", T0, "one", {})
+        tx.execute("ROLLBACK")
+        tx.append("r", "", T0, "two", {})
+    assert (seen, store.list_events("r")) == ([], [])
+    assert store.verify_events().intact
+    with pytest.raises(TransactionEndedError, match="rolled back whole"), \
+            store.tx(seen.append) as tx:
+        tx.append("r", "", T0, "one", {})
+        tx.execute("ROLLBACK")
+    assert (seen, store.list_events("r")) == ([], [])
+    assert not store.db().in_transaction
+
+
+def _cache_lines() -> list[int]:
+    """The lines of Tx.__exit__ that update the own-writes head cache."""
+    import inspect
+
+    from agentrt.store.tx import Tx
+
+    lines, first = inspect.getsourcelines(Tx.__exit__)
+    return [first + i for i, line in enumerate(lines) if line.strip().startswith("known.")]
+
+
+@pytest.mark.parametrize("at", range(4))
+def test_an_interrupt_while_the_head_cache_is_updated_leaves_no_stale_head(at):
+    """Ctrl-C may land between any two of its assignments after the commit."""
+    import sys
+
+    from agentrt.store.tx import __file__ as tx_file
+
+    lines = _cache_lines()
+    assert len(lines) >= 3
+    if at >= len(lines):
+        return
+    target = lines[at]
+    with open_store(":memory:") as s:
+        with s.tx() as tx:
+            insert_run(tx, "r")
+
+        def own(type_: str) -> None:
+            with s.tx(None, own_writes=True) as tx:
+                tx.append("r", "", T0, type_, {})
+
+        own("e1")
+
+        def tracer(frame, event, arg):
+            if frame.f_code.co_name != "__exit__" or frame.f_code.co_filename != tx_file:
+                return None
+
+            def local(f, ev, a):
+                if ev == "line" and f.f_lineno == target and not fired:
+                    fired.append(target)
+                    raise KeyboardInterrupt
+                return local
+            return local
+
+        fired: list[int] = []
+        previous = sys.gettrace()
+        sys.settrace(tracer)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                own("e2")
+        finally:
+            sys.settrace(previous)
+        own("e3")
+        own("e4")
+        assert [e.type for e in s.list_events("r")] == ["e1", "e2", "e3", "e4"]
+        assert s.verify_events().intact
+
+
+def test_a_shared_observer_sees_each_transactions_events_in_order_not_all_in_seq_order(store):
+    """The order promised is within one transaction: another thread's commit
+    can deliver its event between two of an earlier transaction's."""
+    seen: list[int] = []
+    first_seen, later_seen = threading.Event(), threading.Event()
+
+    def observer(event):
+        seen.append(event.seq)
+        if event.seq == 1:
+            first_seen.set()
+            later_seen.wait(5)
+        elif event.seq == 3:
+            later_seen.set()
+
+    def earlier():
+        with store.tx(observer) as tx:
+            tx.append("r", "", T0, "a", {})
+            tx.append("r", "", T0, "a", {})
+
+    def later():
+        first_seen.wait(5)
+        with store.tx(observer) as tx:
+            tx.append("r", "", T0, "b", {})
+
+    threads = [threading.Thread(target=earlier), threading.Thread(target=later)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen == [1, 3, 2]
+
+
+def test_an_at_that_its_offset_takes_out_of_range_is_one_sentence_and_writes_nothing(store):
+    at = datetime(1, 1, 1, 0, 30, tzinfo=timezone(timedelta(hours=1)))
+    with store.tx() as tx:
+        with pytest.raises(ValueError, match=r"^agentrt: append: at 0001-01-01T00:30:00\+01:00 "
+                                             r"is out of range in UTC"):
+            tx.append("r", "", at, "t", {})
+        tx.append("r", "", T0, "after", {})
+    assert [e.type for e in store.list_events("r")] == ["after"]
+
+
+def test_an_event_of_a_run_that_does_not_exist_is_one_sentence_and_writes_nothing(store):
+    seen: list = []
+    with store.tx(seen.append) as tx:
+        with pytest.raises(ValueError, match=r"^agentrt: append: run 'nope' does not exist"):
+            tx.append("nope", "", T0, "t", {})
+        tx.append("r", "", T0, "after", {})
+    assert [e.seq for e in seen] == [1]
+    assert [e.type for e in store.list_events("r")] == ["after"]
+    assert store.verify_events().intact
+    with store.tx() as tx, pytest.raises(ValueError, match="does not exist"):
+        tx.append("nope", "", datetime.now(UTC), "t", b"{}")
