@@ -242,7 +242,8 @@ def test_tool_timeout_is_an_observation_and_the_tool_is_asked_to_stop():
     assert step.observation.kind == "tool_error"
     assert json.loads(step.observation.content)["failure"] == "timeout"
     assert "timeout" in step.observation.summary
-    assert seen[0].done
+    # Cancelled, not merely past its deadline: the loop asked the tool to stop.
+    assert seen[0].cancelled and seen[0].reason == "deadline exceeded"
 
 
 def test_a_tool_that_raises_unexpectedly_is_observed_as_a_panic():

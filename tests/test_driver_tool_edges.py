@@ -13,7 +13,7 @@ from _driver_kit import call, limits, make, types
 
 from agentrt.driver import CancelledError, CancelToken, FuncTool, ToolResult
 from agentrt.driver import worker as worker_module
-from agentrt.driver.errors import ConfigError
+from agentrt.driver.errors import ConfigError, ToolError
 from agentrt.driver.tools import check_args, compile_schema
 from agentrt.driver.worker import Worker
 from agentrt.records import Decision, PolicyDecision, ToolSpec
@@ -108,6 +108,28 @@ def test_an_abandoned_call_after_an_operators_cancel_is_appended_late_as_cancell
     assert error == "abandoned when its caller stopped (cancelled)"
     assert store.list_steps("r")[0].observation.summary == "cancelled by operator: halt"
     assert store.verify_events().broken is None
+
+
+def test_the_callers_deadline_passing_in_a_tool_that_honours_its_token_stops_the_run_as_cancelled():
+    """The tool's token carries the caller's deadline (the sooner of it and the
+    tool's timeout): when that one passes, the tool stopping is the caller's
+    cancel, not the tool's own timeout, and the run never goes on past it."""
+
+    def honours(c):
+        c.cancel.wait()
+        raise ToolError("stopped: " + c.cancel.reason)
+
+    for _ in range(6):
+        d, store, _, _ = make(script=[call("fetch"), Decision.complete()],
+                              tools=[FuncTool("fetch", honours, timeout=60)])
+        with pytest.raises(CancelledError, match="deadline exceeded"):
+            d.start("g", limits(), run_id="r", cancel=CancelToken(timeout=0.3))
+        step = store.list_steps("r")[0]
+        assert step.observation.kind == "interrupted"
+        content = json.loads(step.observation.content)
+        assert content == {"error": "stopped: deadline exceeded", "failure": "cancelled",
+                           "tool": "fetch"}
+        assert store.get_run("r").status == "RUNNING"
 
 
 class CountingToken(CancelToken):
@@ -266,7 +288,7 @@ def test_a_property_named_like_a_keyword_is_checked_as_a_schema():
     validator = compile_schema(
         b'{"$defs":{"n":{"type":"integer"}},"properties":{"default":{"$ref":"#/$defs/n"}}}')
     assert check_args(validator, b'{"default":1}') is None
-    assert "is not of type 'integer'" in check_args(validator, b'{"default":"x"}')
+    assert '"x" does not satisfy "type": "integer"' in check_args(validator, b'{"default":"x"}')
     with pytest.raises(ValueError, match="#/\\$defs/m, which it does not define"):
         compile_schema(b'{"$defs":{"n":{}},"properties":{"default":{"$ref":"#/$defs/m"}}}')
 

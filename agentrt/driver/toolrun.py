@@ -37,7 +37,7 @@ class ToolOutcome:
     content: bytes = b""
     #: Set when the tool raised AbortRun: the run ends ``tool_abort`` with it.
     abort: str | None = None
-    #: The caller cancelled while the tool ran.
+    #: The caller was done (cancelled, or past its deadline) when the tool ended.
     cancelled: bool = False
 
 
@@ -111,15 +111,19 @@ def run_tool(worker: Worker, tool: Tool, spec: ToolSpec, run_id: str, step_id: s
         error = f"no outcome within the timeout of {format_duration(duration_ns(spec.timeout))}"
         return ToolOutcome(_failure(name, "timeout", error), duration_ms)
     exc = out.error
+    # The caller is done (cancelled, or its deadline passed, which the tool's
+    # token shares): the run stops here. Only past that is a timed-out token the
+    # tool's own timeout.
+    stopped = caller.done
     if exc is None:
         obs, data = _content(name, out.value)
-        return ToolOutcome(obs, duration_ms, content=data, cancelled=caller.cancelled)
+        return ToolOutcome(obs, duration_ms, content=data, cancelled=stopped)
     if isinstance(exc, AbortRun):
         obs = observation(_ERROR, {"error": exc.detail, "failure": "abort", "tool": name},
                           f"{name} aborted the run: {exc.detail}")
-        return ToolOutcome(obs, duration_ms, abort=exc.detail, cancelled=caller.cancelled)
+        return ToolOutcome(obs, duration_ms, abort=exc.detail, cancelled=stopped)
     text = exception_text(exc)
-    if caller.cancelled:
+    if stopped:
         return _cancelled(name, text, duration_ms)
     if isinstance(exc, ToolError):
         failure = "timeout" if token.timed_out else "error"

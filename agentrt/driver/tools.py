@@ -8,12 +8,15 @@ schema that fetches at run time is not the one that was reviewed.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any, Protocol, runtime_checkable
 
 import jsonschema
@@ -21,14 +24,14 @@ import orjson
 import referencing
 import referencing.exceptions
 import referencing.jsonschema
-from jsonschema.exceptions import SchemaError, best_match
+from jsonschema.exceptions import ValidationError, best_match
 from referencing._core import Resolver
 
 from agentrt.canonical import check_json, keys_and_floats
 from agentrt.driver.cancel import CancelToken
 from agentrt.driver.checks import check_callable, check_method, check_text, wait_duration
 from agentrt.driver.errors import ConfigError
-from agentrt.errors import described, raised_text
+from agentrt.errors import described, exception_text, raised_text
 from agentrt.records import SideEffect, ToolSpec
 
 __all__ = [
@@ -156,6 +159,10 @@ def _number_problem(text: str) -> str | None:
     return None
 
 
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # json.loads takes NaN and Infinity
+
+
 def _decode_schema(data: bytes) -> Any:
     """Parse a schema, holding it to the depth and number bounds (duplicates: last wins)."""
     problem = check_json(data)
@@ -168,7 +175,7 @@ def _decode_schema(data: bytes) -> Any:
         if p is not None and not found:
             found.append(p)
         try:
-            return float(text) if any(c in text for c in ".eE") else int(text)
+            return Decimal(text) if any(c in text for c in ".eE") else int(text)
         except ValueError:  # past Python's 4,300-digit bound (docs/compatibility.md)
             if not found:
                 found.append(f"number {text[:24]}... of {len(text)} digits, more than "
@@ -177,12 +184,173 @@ def _decode_schema(data: bytes) -> Any:
 
     try:
         # UTF-8 only: given bytes, json.loads would guess UTF-16 or -32 as well.
-        value = json.loads(data.decode("utf-8"), parse_int=number, parse_float=number)
+        value = json.loads(data.decode("utf-8"), parse_int=number, parse_float=number,
+                           parse_constant=_not_json)
     except (ValueError, RecursionError) as exc:
         raise ValueError("input schema is not valid JSON") from exc
     if found:
         raise ValueError(f"input schema holds a {found[0]}")
     return value
+
+
+# -- patterns as ECMA-262 reads them ---------------------------------------------
+#
+# JSON Schema's patterns are ECMA-262 regular expressions (as RE2's are, on these
+# points); Python's differ where a pattern most often relies on them: "$" also
+# matches before a final newline, and \d, \w, \b take in every Unicode digit or
+# letter. A pattern is translated for those before Python compiles it.
+
+_WORD = "A-Za-z0-9_"
+_IS_WORD, _NOT_WORD = f"(?<=[{_WORD}])", f"(?<![{_WORD}])"
+_OUTSIDE_CLASS = {
+    "d": "[0-9]", "D": "[^0-9]", "w": f"[{_WORD}]", "W": f"[^{_WORD}]",
+    "b": f"(?:{_IS_WORD}(?![{_WORD}])|{_NOT_WORD}(?=[{_WORD}]))",
+    "B": f"(?:{_IS_WORD}(?=[{_WORD}])|{_NOT_WORD}(?![{_WORD}]))",
+}
+#: Inside a class a negated set is written as the ranges it leaves (\b stays a backspace).
+_INSIDE_CLASS = {
+    "d": "0-9", "D": "\\x00-/:-\\U0010ffff", "w": _WORD,
+    "W": "\\x00-/:-@\\[-^`{-\\U0010ffff",
+}
+
+
+def _ecma(pattern: str) -> str:
+    """``pattern`` rewritten so that Python reads ``$``, ``\\d``, ``\\w``, ``\\b``
+    (and their negations) as ECMA-262 does."""
+    out: list[str] = []
+    i, n, in_class = 0, len(pattern), False
+    while i < n:
+        c = pattern[i]
+        i += 1
+        if c == "\\" and i < n:
+            e = pattern[i]
+            i += 1
+            out.append((_INSIDE_CLASS if in_class else _OUTSIDE_CLASS).get(e, c + e))
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            # Python reads a "]" first in a class (after any "^") as a literal.
+            if pattern.startswith("^", i):
+                c, i = c + "^", i + 1
+            if pattern.startswith("]", i):
+                c, i = c + "]", i + 1
+        elif c == "$":
+            c = "\\Z"  # the very end of the text, never before a final newline
+        out.append(c)
+    return "".join(out)
+
+
+@functools.lru_cache(maxsize=1024)
+def _regex(pattern: str) -> re.Pattern[str]:
+    """``pattern`` compiled as ECMA-262 reads it (re.error when Python cannot read it)."""
+    return re.compile(_ecma(pattern))
+
+
+def _pattern(validator: Any, patrn: str, instance: Any, schema: Any) -> Iterator[Any]:
+    if validator.is_type(instance, "string") and not _regex(patrn).search(instance):
+        yield ValidationError(f"{instance!r} does not match {patrn!r}")
+
+
+def _pattern_properties(validator: Any, patterns: dict[str, Any], instance: Any,
+                        schema: Any) -> Iterator[Any]:
+    if not validator.is_type(instance, "object"):
+        return
+    for patrn, subschema in patterns.items():
+        for k, v in instance.items():
+            if _regex(patrn).search(k):
+                yield from validator.descend(v, subschema, path=k, schema_path=patrn)
+
+
+def _additional_properties(validator: Any, extra: Any, instance: Any,
+                           schema: Any) -> Iterator[Any]:
+    """jsonschema's keyword, with the properties patternProperties leaves found by
+    the same reading of its patterns."""
+    if not validator.is_type(instance, "object"):
+        return
+    named = schema.get("properties", {})
+    patterns = [_regex(p) for p in schema.get("patternProperties", {})]
+    extras = sorted((k for k in instance
+                     if k not in named and not any(r.search(k) for r in patterns)), key=str)
+    if validator.is_type(extra, "object"):
+        for k in extras:
+            yield from validator.descend(instance[k], extra, path=k)
+    elif not extra and extras:
+        verb = "was" if len(extras) == 1 else "were"
+        shown = _clip(", ".join(json.dumps(k, ensure_ascii=False) for k in extras))
+        yield ValidationError(f"Additional properties are not allowed ({shown} {verb} "
+                              "unexpected)")
+
+
+# -- numbers as written ------------------------------------------------------------
+#
+# Schemas and arguments are decoded with every non-integer as a Decimal, so a
+# bound or a multipleOf is checked against the number written, not the nearest
+# binary float (0.3 is a multiple of 0.1; 0.10000000000000001 is above 0.1; 1e400
+# is an integer, not inf).
+
+
+def _is_number(checker: Any, instance: Any) -> bool:
+    return isinstance(instance, (int, float, Decimal)) and not isinstance(instance, bool)
+
+
+def _is_integer(checker: Any, instance: Any) -> bool:
+    if isinstance(instance, Decimal):
+        return instance.is_finite() and instance == instance.to_integral_value()
+    if isinstance(instance, float):
+        return instance.is_integer()
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+def _multiple_of(validator: Any, factor: Any, instance: Any, schema: Any) -> Iterator[Any]:
+    if validator.is_type(instance, "number") and (
+            Fraction(instance) / Fraction(factor)).denominator != 1:
+        yield ValidationError(f"{instance!r} is not a multiple of {factor}")
+
+
+_OURS: dict[Any, Any] = {}
+
+
+def _validator_class(base: Any) -> Any:
+    """``base`` (a jsonschema validator class) reading patterns as ECMA-262 does
+    and numbers as Decimals."""
+    if base in _OURS.values():
+        return base
+    cls = _OURS.get(base)
+    if cls is None:
+        types = base.TYPE_CHECKER.redefine_many({"number": _is_number,
+                                                 "integer": _is_integer})
+        cls = jsonschema.validators.extend(base, {
+            "pattern": _pattern,
+            "patternProperties": _pattern_properties,
+            "additionalProperties": _additional_properties,
+            "multipleOf": _multiple_of,
+        }, type_checker=types)
+        cls.evolve = _evolve
+        cls = _OURS.setdefault(base, cls)
+    return cls
+
+
+def _evolve(self: Any, **changes: Any) -> Any:
+    """jsonschema's evolve, which moves to the class a subschema's "$schema" names
+    (a "$ref" to a root that has one, say), keeping to this module's readings."""
+    schema = changes.setdefault("schema", self.schema)
+    cls = _validator_class(jsonschema.validators.validator_for(schema, default=type(self)))
+    for field in type(self).__attrs_attrs__:  # as jsonschema's own evolve does
+        if field.init and field.alias not in changes:
+            changes[field.alias] = getattr(self, field.name)
+    return cls(**changes)
+
+
+@functools.cache
+def _meta_formats(base: Any) -> jsonschema.FormatChecker:
+    """``base``'s format checks with "regex" read as a pattern is matched."""
+    checker = jsonschema.FormatChecker(())
+    checker.checkers = dict(base.FORMAT_CHECKER.checkers)
+    checker.checks("regex", raises=re.error)(
+        lambda v: not isinstance(v, str) or _regex(v) is not None)
+    return checker
 
 
 def _refuse(uri: str) -> referencing.Resource[Any]:
@@ -226,6 +394,38 @@ def _refs(node: Any, resolver: Resolver[Any], *,
             yield from _refs(value, resolver)
 
 
+def _schemas(node: Any, *, named: bool = False) -> Iterator[dict[str, Any]]:
+    """Every schema object in ``node`` (``named``: ``node`` maps names to schemas)."""
+    if isinstance(node, list):
+        for item in node:
+            yield from _schemas(item)
+    elif isinstance(node, dict):
+        if named:
+            for value in node.values():
+                yield from _schemas(value)
+            return
+        yield node
+        for key, value in node.items():
+            if key not in _NOT_SCHEMAS:
+                yield from _schemas(value, named=key in _NAMED_SCHEMAS)
+
+
+def _check_unevaluated(schema: Any) -> None:
+    """Refuse unevaluatedProperties beside a property pattern read differently by
+    Python: jsonschema finds the properties it leaves with Python's reading."""
+    nodes = list(_schemas(schema))
+    if not any("unevaluatedProperties" in n for n in nodes):
+        return
+    for n in nodes:
+        patterns = n.get("patternProperties")
+        for p in patterns if isinstance(patterns, dict) else ():
+            if _ecma(p) != p:
+                raise ValueError(
+                    f"input schema uses unevaluatedProperties with the property pattern "
+                    f"{json.dumps(p)}, whose $, \\d, \\w or \\b Python reads otherwise; "
+                    "write it without them (say [0-9] for \\d)")
+
+
 def compile_schema(data: bytes) -> jsonschema.protocols.Validator:
     """A validator for ``data``; ValueError (with the reason) when it is refused."""
     if not data.strip():
@@ -242,35 +442,136 @@ def compile_schema(data: bytes) -> jsonschema.protocols.Validator:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    # Checked by the class it will validate with: a bound written 2.0 is a Decimal.
+    meta = jsonschema.validators.validator_for(cls.META_SCHEMA, default=cls)
+    checker = _validator_class(meta)(meta.META_SCHEMA, format_checker=_meta_formats(meta))
     try:
-        cls.check_schema(schema)
-    except SchemaError as exc:
-        raise ValueError(f"input schema is invalid: {exc.message}") from exc
+        error = next(checker.iter_errors(schema), None)
+    except RecursionError:
+        raise ValueError("input schema nests too deeply for the schema library to "
+                         "check it") from None
+    if error is not None:
+        raise ValueError(f"input schema is invalid: {error.message}")
+    _check_unevaluated(schema)
     resource = referencing.Resource.from_contents(
         schema, default_specification=referencing.jsonschema.DRAFT202012)
     registry: referencing.Registry[Any] = referencing.Registry(
         retrieve=_refuse)  # type: ignore[call-arg]  # attrs __init__, see _refuse
     registry = registry.with_resource(resource.id() or "", resource)
     combined = referencing.jsonschema.EMPTY_REGISTRY.combine(registry)
-    for ref, resolver in _refs(schema, combined.resolver(base_uri=resource.id() or "")):
+    root = combined.resolver(base_uri=resource.id() or "")
+    for ref, resolver in _refs(schema, root):
         try:
-            resolver.lookup(ref)
+            target = resolver.lookup(ref).contents
         except referencing.exceptions.Unresolvable as exc:
             if ref.startswith("#"):
                 raise ValueError(
                     f"input schema refers to {ref}, which it does not define") from exc
             raise ValueError(f"input schema refers to {ref}, outside itself") from exc
-    return cls(schema, registry=registry)
+        if not isinstance(target, (dict, bool)):
+            raise ValueError(f"input schema refers to {ref}, which is {_json_kind(target)}, "
+                             "not a schema")
+        error = next(checker.iter_errors(target), None)
+        if error is not None:
+            raise ValueError(f"input schema refers to {ref}, which is not a valid schema: "
+                             f"{error.message}")
+    try:
+        loop = _ref_loop(schema, root)
+    except RecursionError:
+        raise ValueError("input schema's references nest too deeply to follow") from None
+    if loop is not None:
+        raise ValueError(f"input schema refers to {loop} in a loop that never reaches into "
+                         "the arguments, so no arguments can be checked; break the loop")
+    validator = _validator_class(cls)(schema, registry=registry)
+    try:  # once, on {}: a schema the library cannot apply is refused now, not per call
+        for _ in validator.iter_errors({}):
+            pass
+    except Exception as exc:  # noqa: BLE001 - the library failing is the refusal
+        text = _clip(exception_text(exc))
+        raise ValueError(f"input schema cannot be applied: checking {{}} against it "
+                         f"failed in the schema library ({type(exc).__name__}: {text})") from exc
+    return validator
+
+
+_SHOWN = 200
+
+
+def _clip(text: str) -> str:
+    """``text`` cut to about 200 characters: an error names a value, it does not echo it."""
+    return text if len(text) <= _SHOWN else f"{text[:_SHOWN]}... ({len(text)} characters)"
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "null" if value is None else "a number"
+
+
+#: Keywords that apply subschemas to the instance itself, not to a part of it.
+_IN_PLACE_LISTS = ("allOf", "anyOf", "oneOf")
+_IN_PLACE = ("not", "if", "then", "else")
+
+
+def _ref_loop(schema: Any, root: Resolver[Any]) -> str | None:
+    """A reference that leads back to a schema it started from without moving
+    into a part of the instance (the library would recurse without end), or None."""
+    done: set[int] = set()
+    active: set[int] = set()
+
+    def visit(node: Any, resolver: Resolver[Any]) -> str | None:
+        if not isinstance(node, dict) or id(node) in done:
+            return None
+        if isinstance(node.get("$id"), str):
+            resolver = resolver.in_subresource(referencing.Resource.from_contents(
+                node, default_specification=referencing.jsonschema.DRAFT202012))
+        active.add(id(node))
+        children: list[tuple[Any, Resolver[Any]]] = []
+        for key in ("$ref", "$dynamicRef"):
+            ref = node.get(key)
+            if isinstance(ref, str):
+                try:
+                    resolved = resolver.lookup(ref)
+                except referencing.exceptions.Unresolvable:  # said by compile_schema
+                    continue
+                if id(resolved.contents) in active:
+                    return ref
+                found = visit(resolved.contents, resolved.resolver)
+                if found is not None:
+                    return found
+        for key in _IN_PLACE_LISTS:
+            value = node.get(key)
+            children += [(v, resolver) for v in value] if isinstance(value, list) else []
+        children += [(node.get(key), resolver) for key in _IN_PLACE]
+        dependent = node.get("dependentSchemas")
+        if isinstance(dependent, dict):
+            children += [(v, resolver) for v in dependent.values()]
+        for child, child_resolver in children:
+            found = visit(child, child_resolver)
+            if found is not None:
+                return found
+        active.discard(id(node))
+        done.add(id(node))
+        return None
+
+    # From every schema: one reached only through "properties" still runs on a part.
+    for node in _schemas(schema):
+        found = visit(node, root)
+        if found is not None:
+            return found
+    return None
 
 
 def _instance(args: bytes) -> Any:
-    """The arguments as the schema sees them: every integer exact."""
+    """The arguments as the schema sees them: every number exact (a non-integer
+    as a Decimal)."""
     try:
         value = orjson.loads(args)
     except orjson.JSONDecodeError:
-        return json.loads(args)  # numbers orjson will not hold
-    if keys_and_floats(value)[1]:  # perhaps an integer past 64 bits that orjson rounded
-        return json.loads(args)
+        return json.loads(args, parse_float=Decimal)  # numbers orjson will not hold
+    if keys_and_floats(value)[1]:  # a float, or an integer past 64 bits orjson rounded
+        return json.loads(args, parse_float=Decimal)
     return value
 
 
@@ -302,11 +603,36 @@ def check_args(validator: jsonschema.protocols.Validator, args: bytes | None, *,
             return None
         err = best_match(validator.iter_errors(instance))
     except Exception as exc:  # noqa: BLE001 - the library failing is a refusal
-        return f"arguments do not match schema: the validator failed: {exc}"
+        return f"arguments do not match schema: the validator failed: {_clip(str(exc))}"
     if err is None:  # pragma: no cover - is_valid said no
         return "arguments do not match schema"
-    where = "/" + "/".join(str(p) for p in err.absolute_path)
-    return f"arguments do not match schema: at {where}: {err.message}"
+    # In JSON, not the library's Python repr, and clipped: a refusal is recorded
+    # several times over and must not echo a megabyte of arguments each time.
+    where = "/" + "/".join(str(p).replace("~", "~0").replace("/", "~1")
+                           for p in err.absolute_path)
+    if err.validator is None:  # the schema there is false
+        detail = f"{_shown(err.instance)} is not allowed (the schema there is false)"
+    elif err.validator == "additionalProperties" and err.validator_value is False:
+        detail = err.message  # ours, naming the properties in JSON
+    else:
+        detail = (f"{_shown(err.instance)} does not satisfy {_shown(err.validator)}: "
+                  f"{_shown(err.validator_value)}")
+    return f"arguments do not match schema: at {where}: {detail}"
+
+
+def _fragment(value: Any) -> Any:
+    if isinstance(value, Decimal):  # written as the number it is
+        return orjson.Fragment(str(value))
+    raise TypeError
+
+
+def _shown(value: Any) -> str:
+    """``value`` as JSON, clipped."""
+    try:
+        text = orjson.dumps(value, default=_fragment).decode("utf-8")
+    except orjson.JSONEncodeError:  # an integer past 64 bits
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    return _clip(text)
 
 
 # -- registration --------------------------------------------------------------
