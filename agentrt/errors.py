@@ -53,6 +53,14 @@ def raised_text(what: str, exc: BaseException) -> str:
     return f"{what} raised {type(exc).__name__}: {exception_text(exc)}"
 
 
+def shown_number(value: object) -> str:
+    """``value`` as a sentence shows it: Python refuses to write an int of more
+    than 4300 digits, and nobody reads one."""
+    if isinstance(value, int) and value.bit_length() > 1024:
+        return f"{'-' if value < 0 else ''}(a number of {value.bit_length()} bits)"
+    return str(value)
+
+
 def described(value: object) -> str:
     """``None``, ``an int (5)``, ``a str ('x')``, ``a dict``: a value's type, and
     the value itself when it is a short scalar, for a sentence about a wrong

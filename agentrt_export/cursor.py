@@ -26,7 +26,7 @@ try:
 except ImportError:  # pragma: no cover - Windows: no flock; a cursor file is not held there
     fcntl = None  # type: ignore[assignment]
 
-from agentrt.errors import AgentrtError, described
+from agentrt.errors import AgentrtError, described, shown_number
 
 __all__ = ["ALL_RUNS", "Cursor", "CursorError", "CursorHeldError", "CursorSeqError",
            "FileCursor", "MemoryCursor", "scope_of"]
@@ -107,9 +107,10 @@ def _check_seq(seq: object, path: str = "", *, limit: int | None = None) -> int:
     if isinstance(seq, bool) or not isinstance(seq, int):
         raise CursorSeqError(path, f"{what}: seq is {described(seq)}, not an int: {held}")
     if seq < 0:
-        raise CursorSeqError(path, f"{what}: seq {seq} is negative: {held}")
+        raise CursorSeqError(path, f"{what}: seq {shown_number(seq)} is negative: {held}")
     if limit is not None and seq > limit:
-        raise CursorSeqError(path, f"{what}: seq {seq} is past any seq SQLite hands out "
+        raise CursorSeqError(path, f"{what}: seq {shown_number(seq)} is past any seq SQLite "
+                                   "hands out "
                                    f"(at most {limit})")
     return seq
 

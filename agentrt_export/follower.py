@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
-from agentrt.errors import AgentrtError, NotFoundError
+from agentrt.errors import AgentrtError, NotFoundError, shown_number
 from agentrt.errors import described as _described
 from agentrt.events import Event
 from agentrt.store import Store
@@ -90,7 +90,7 @@ class PartialPage(Exception):
     restart delivers the rest of the page and nothing twice."""
 
     def __init__(self, accepted: int, error: Exception) -> None:
-        super().__init__(f"{_number(accepted)} events delivered, then: {error}")
+        super().__init__(f"{shown_number(accepted)} events delivered, then: {error}")
         self.accepted = accepted
         self.error = error
 
@@ -140,12 +140,12 @@ class Follower:
         if isinstance(interval, float) and math.isnan(interval):
             raise FollowError("interval nan is not a number of seconds")
         if interval is not None and interval < 0:
-            raise FollowError(f"interval {_number(interval)} is negative")
+            raise FollowError(f"interval {shown_number(interval)} is negative")
         if isinstance(page_size, bool) or not isinstance(page_size, int):
             raise FollowError(f"page size is {_described(page_size)}, not an int: events per "
                               f"read, 1 to {MAX_PAGE_SIZE} (0: {DEFAULT_PAGE_SIZE})")
         if page_size < 0:
-            raise FollowError(f"page size {_number(page_size)} is negative")
+            raise FollowError(f"page size {shown_number(page_size)} is negative")
         if not isinstance(once, bool):
             raise FollowError(f"once is {_described(once)}, not True or False")
         if on_page is not None and not callable(on_page):
@@ -171,7 +171,7 @@ class Follower:
             raise FollowError(f"the cursor's load() returned {_described(seq)}, not an int "
                               "seq")
         if seq < 0:
-            raise FollowError(f"cursor {_number(seq)} is negative")
+            raise FollowError(f"cursor {shown_number(seq)} is negative")
         if seq:
             head, _ = self.store.chain_head()
             if seq > head:
@@ -239,14 +239,15 @@ class Follower:
         if isinstance(self.cursor, FileCursor):
             path = self.cursor.path
             return (
-                f"cursor file {path} is at seq {seq} but {self.store.path} {end}: the "
-                f"database was replaced or restored from a backup; delete {path} to start "
-                "over, or write into it a seq the database has"
+                f"cursor file {path} is at seq {shown_number(seq)} but {self.store.path} "
+                f"{end}: the database was replaced or restored from a backup; delete {path} "
+                "to start over, or write into it a seq the database has"
             )
         return (
-            f"the start position seq {seq} is past the end of {self.store.path}, which "
-            f"{end}: the database was replaced or restored from a backup, or the position "
-            "belongs to another database; start after a seq the database has"
+            f"the start position seq {shown_number(seq)} is past the end of "
+            f"{self.store.path}, which {end}: the database was replaced or restored from a "
+            "backup, or the position belongs to another database; start after a seq the "
+            "database has"
         )
 
     def head(self) -> tuple[int, str]:
@@ -460,14 +461,6 @@ def _refuse_awaitable(result: object, sink: object) -> None:
         raise FollowError(f"sink {_described(sink)} returned {_described(result)}, which "
                           "has not run: the event was not handled; await it inside the sink "
                           "(asyncio.run) or pass a function that does the work")
-
-
-def _number(value: float) -> str:
-    """``value`` as a sentence shows it: Python refuses to write an int of more
-    than 4300 digits, and nobody reads one."""
-    if isinstance(value, int) and value.bit_length() > 1024:
-        return f"{'-' if value < 0 else ''}(a number of {value.bit_length()} bits)"
-    return str(value)
 
 
 def _usable_count(accepted: object, page_size: int) -> bool:

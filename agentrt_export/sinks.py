@@ -9,11 +9,14 @@ from __future__ import annotations
 import bz2
 import errno
 import fcntl
+import gzip
 import io
 import lzma
 import os
+import socket
 import stat
 import threading
+import zipfile
 from collections.abc import Callable, Sequence
 from typing import IO
 
@@ -25,18 +28,54 @@ from agentrt_export.follower import FollowError, PartialPage
 __all__ = ["JSONLSink", "OutputStopped"]
 
 
+def _layers(stream: object) -> list[object]:
+    """``stream`` and the file objects under it, outermost first: a text stream's
+    buffer, a buffer's raw file, a gzip file's file."""
+    layers: list[object] = []
+    layer: object = stream
+    while layer is not None and all(layer is not seen for seen in layers) and len(layers) < 16:
+        layers.append(layer)
+        layer = next((getattr(layer, name) for name in ("buffer", "raw", "fileobj", "_buffer")
+                      if getattr(layer, name, None) is not None), None)
+    return layers
+
+
+_HOLDING = (bz2.BZ2File, lzma.LZMAFile, getattr(zipfile, "_ZipWriteFile", bz2.BZ2File))
+
+
 def _refuse_holding_compressor(stream: object) -> None:
-    """Refuse a bz2 or lzma file: its ``flush`` writes nothing (what it was given
-    stays in the compressor until it is closed), so the follower would save its
-    cursor past events the file does not hold, and a kill would lose them.
-    gzip's flush writes what it holds, so a gzip file is taken."""
-    inner = getattr(stream, "buffer", stream)  # a text stream over one
-    if isinstance(inner, (bz2.BZ2File, lzma.LZMAFile)):
-        kind = "bz2" if isinstance(inner, bz2.BZ2File) else "lzma"
-        raise FollowError(
-            f"JSONLSink: a {kind} file keeps what it is given until it is closed, so the "
-            "cursor would pass events it has not written: use gzip.open (its flush writes "
-            "what it holds), or compress the plain output (agentrt-export jsonl | xz)")
+    """Refuse a compressor the cursor could pass: a bz2, lzma or zip member's
+    ``flush`` writes nothing (what it was given stays in the compressor until it
+    is closed), and a gzip file writing straight to an unbuffered or
+    non-blocking descriptor drops what a short write leaves (the follower would
+    save its cursor past events the file does not hold; a kill would lose
+    them). gzip over a buffered, blocking file is taken: its flush writes what
+    it holds, and a failed write raises."""
+    for layer in _layers(stream):
+        if isinstance(layer, _HOLDING):
+            kind = ("bz2" if isinstance(layer, bz2.BZ2File) else
+                    "lzma" if isinstance(layer, lzma.LZMAFile) else "zip member")
+            raise FollowError(
+                f"JSONLSink: a {kind} file keeps what it is given until it is closed, so "
+                "the cursor would pass events it has not written: use gzip.open (its flush "
+                "writes what it holds), or compress the plain output (agentrt-export jsonl "
+                "| xz)")
+        if isinstance(layer, gzip.GzipFile) and _drops_short_writes(layer.fileobj):
+            raise FollowError(
+                "JSONLSink: this gzip file writes to an unbuffered or non-blocking file, "
+                "where gzip drops what a short write leaves, so the cursor would pass "
+                "events it has not written: give gzip a buffered, blocking file "
+                "(open(path, 'wb')), or pipe the plain output into gzip")
+
+
+def _drops_short_writes(under: object) -> bool:
+    if isinstance(under, (io.FileIO, socket.SocketIO)):
+        return True
+    try:
+        fd = under.fileno()  # type: ignore[attr-defined]
+        return not os.get_blocking(fd)
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return False
 
 
 class JSONLSink:

@@ -720,7 +720,9 @@ def resolve_config(
     url = _endpoint(endpoint, proto, env, warnings)
     _check_tls_files(env)
     if proto == "grpc":
-        _check_retryable_codes(env)
+        # The SDK reads this one from the process's environment whatever was given.
+        for source in (env, os.environ) if env is not os.environ else (env,):
+            _check_retryable_codes(source)
     plain = _plain_text(insecure, url, env, warnings)
     return OTelConfig(
         exporter=kind,

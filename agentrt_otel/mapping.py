@@ -95,7 +95,7 @@ from functools import lru_cache
 
 from opentelemetry.trace import SpanKind, StatusCode
 
-from agentrt.errors import described
+from agentrt.errors import described, shown_number
 from agentrt.events import Event, EventType
 from agentrt.trace import sanitize
 from agentrt_otel._fields import (
@@ -211,11 +211,12 @@ class SpanMapper:
                 raise TypeError(f"otel: {name} is {described(value)}, not an int: "
                                 f"{least} or more")
         if max_text < 0:
-            raise ValueError(f"otel: max_text {max_text} is negative")
+            raise ValueError(f"otel: max_text {shown_number(max_text)} is negative")
         if finished_runs < 1:
             # A run forgotten at its end: its call's late result would take the
             # call's own span id, exported already as unknown (docstring, 2).
-            raise ValueError(f"otel: finished_runs {finished_runs} must be 1 or more: a run "
+            raise ValueError(f"otel: finished_runs {shown_number(finished_runs)} must be 1 or "
+                             "more: a run "
                              "must be remembered past its end for a late model result to be "
                              "told from its call")
         self._max_text = max_text

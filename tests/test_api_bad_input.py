@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from datetime import UTC, date, datetime
@@ -31,13 +32,14 @@ from agentrt.store import (
 )
 from agentrt_export import (
     CursorError,
+    CursorSeqError,
     FileCursor,
     Follower,
     FollowError,
     JSONLSink,
     MemoryCursor,
 )
-from agentrt_otel import Backoff, ConfigError, OTelSink, span_id, trace_id
+from agentrt_otel import Backoff, ConfigError, OTelSink, SpanMapper, span_id, trace_id
 from agentrt_otel.testing import EventStream, scenario_completed
 
 T0 = datetime(2026, 10, 1, 9, 0, tzinfo=UTC)
@@ -678,3 +680,26 @@ def test_trace_and_span_ids_say_which_argument_is_not_a_str(call: Callable[[], i
         call()
     _one_sentence(info.value, f"{named} is", "not a str")
     assert trace_id("r") == trace_id("r") and span_id("run", "r") != trace_id("r")
+
+
+HUGE = 10**5000  # past the 4,300 digits Python writes an int in
+
+
+@pytest.mark.parametrize(("call", "error"), [
+    (lambda s: s.list_approvals_page("r", "", HUGE, 0), PageError),
+    (lambda s: s.list_events_page("r", 5, HUGE), PageError),
+    (lambda s: s.list_runs_page(-HUGE, 0), PageError),
+    (lambda s: MemoryCursor(-HUGE), CursorSeqError),
+    (lambda s: FileCursor(os.path.join(tempfile.mkdtemp(), "c")).save(HUGE), CursorSeqError),
+    (lambda s: SpanMapper(max_text=-HUGE), ValueError),
+    (lambda s: SpanMapper(finished_runs=-HUGE), ValueError),
+    (lambda s: Follower(s, cursor=MemoryCursor(HUGE), once=True).follow(lambda e: None),
+     FollowError),
+])
+def test_a_number_of_thousands_of_digits_is_said_in_the_sentence_not_a_conversion_error(
+        store: Store, call: Any, error: type) -> None:
+    """Python refuses to write such an int, so the sentence itself raised a bare
+    'Exceeds the limit (4300 digits)' ValueError instead of the refusal."""
+    with pytest.raises(error) as info:
+        call(store)
+    assert "(a number of" in str(info.value) and "bits)" in str(info.value)

@@ -961,3 +961,23 @@ def test_show_pages_pending_approvals_whose_ids_do_not_read_back_as_stored_by_of
     listed = [line.split("  ", 1)[1][:12] for line in out.splitlines()
               if line.startswith("APPROVAL WAITING ")]
     assert len(listed) == 3 and listed[0] == ops.approval[:12] and listed[2] == "third"
+
+
+@pytest.mark.parametrize(("odd", "twin"), [("CAST('dup' AS BLOB)", "'dup'"), ("NULL", "''")],
+                         ids=["blob-and-text", "null-and-empty"])
+def test_show_pages_past_an_id_that_reads_back_as_another_approvals_id_by_offset(
+        ops, monkeypatch, odd, twin):
+    """A BLOB id reads back as its text and a NULL one as '': with a stored
+    text twin, the next page started after the twin, and every approval
+    between the two was never shown."""
+    monkeypatch.setattr(cli_module, "PAGE_SIZE", 1)
+    columns = ("run_id, step_id, kind, capability_json, presentation_json, request_json, "
+               "hash, status, created_at")
+    with ops.kit.store.tx() as tx:
+        for ident in (odd, "'between1'", "'between2'", twin, "'after'"):
+            tx.execute(f"INSERT INTO approvals (id, {columns}) SELECT {ident}, {columns} "
+                       "FROM approvals WHERE id = ?", (ops.approval,))
+    out = run(ops, "show", ops.waiting).stdout
+    listed = [line.split("  ", 1)[1].strip()[:12] for line in out.splitlines()
+              if line.startswith("APPROVAL WAITING ")]
+    assert len(listed) == 6 and listed[2:4] == ["between1", "between2"], listed

@@ -15,6 +15,7 @@ import os
 import socket
 import ssl
 import threading
+import zipfile
 
 import pytest
 from eventdb import make_db
@@ -67,10 +68,38 @@ def test_a_bz2_or_lzma_file_is_refused_as_it_writes_nothing_until_closed(
         "writes what it holds), or compress the plain output (agentrt-export jsonl | xz)")
 
 
-@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "non-blocking"])
-def test_a_gzip_stream_over_a_pipe_with_a_stop_writes_through_the_compressor(blocking):
+@pytest.mark.parametrize("layers", [
+    lambda: io.BufferedWriter(bz2.BZ2File(io.BytesIO(), "wb")),
+    lambda: io.TextIOWrapper(io.BufferedWriter(lzma.LZMAFile(io.BytesIO(), "wb"))),  # noqa: SIM115
+    lambda: zipfile.ZipFile(io.BytesIO(), "w").open("events.jsonl", "w"),  # noqa: SIM115
+], ids=["buffered-bz2", "text-over-buffered-lzma", "zip-member"])
+def test_a_holding_compressor_under_other_layers_is_refused_too(layers):
+    """Only the outermost layer was looked at (review of the bz2/lzma refusal)."""
+    with pytest.raises(FollowError, match="keeps what it is given until it is closed"):
+        JSONLSink(layers())
+
+
+@pytest.mark.parametrize("under", ["unbuffered", "non-blocking"])
+def test_gzip_over_a_file_that_drops_short_writes_is_refused(tmp_path, under):
+    """gzip ignores a short write of the file under it: over a non-blocking pipe
+    with a slow reader the cursor was saved past events that never left (only
+    the 10-byte header reached the pipe)."""
     read_end, write_end = os.pipe()
-    os.set_blocking(write_end, blocking)
+    try:
+        if under == "non-blocking":
+            os.set_blocking(write_end, False)
+            file = os.fdopen(write_end, "wb")
+        else:
+            file = open(write_end, "wb", buffering=0)  # noqa: SIM115 - closed below
+        with pytest.raises(FollowError, match="drops what a short write leaves"):
+            JSONLSink(gzip.GzipFile(fileobj=file, mode="wb"))
+        file.close()
+    finally:
+        os.close(read_end)
+
+
+def test_a_gzip_stream_over_a_pipe_with_a_stop_writes_through_the_compressor():
+    read_end, write_end = os.pipe()
     with os.fdopen(read_end, "rb") as reader, os.fdopen(write_end, "wb") as pipe:
         with gzip.GzipFile(fileobj=pipe, mode="wb") as packed:
             JSONLSink(packed, stop=threading.Event()).handle_page(EVENTS)

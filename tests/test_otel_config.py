@@ -759,3 +759,13 @@ def test_grpc_retryable_error_codes_the_sdk_reads_are_taken(value: str) -> None:
 def test_grpc_retryable_error_codes_are_not_checked_where_no_grpc_exporter_reads_them() -> None:
     for kw in ({}, {"protocol": "http/protobuf"}, {"exporter": "console", "protocol": "grpc"}):
         resolve_config(**kw, environ={_RETRYABLE: "SOMETIMES"})
+
+
+def test_a_bad_grpc_retryable_code_in_the_process_environment_is_refused_whatever_environ_says(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK reads this variable from os.environ when the exporter is built,
+    not from the mapping given: a bad value there passed resolve_config and
+    build_exporter raised KeyError (review of the check)."""
+    monkeypatch.setenv(_RETRYABLE, "UNAVAILABLE,BOGUS")
+    with pytest.raises(ConfigError, match='"BOGUS" is not a gRPC status code'):
+        resolve_config(protocol="grpc", environ={})

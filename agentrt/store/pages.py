@@ -19,7 +19,7 @@ from typing import Any, TypeGuard, cast
 
 import apsw
 
-from agentrt.errors import AgentrtError, described
+from agentrt.errors import AgentrtError, described, shown_number
 from agentrt.events import Event
 from agentrt.gojson import replace_lone_surrogates
 from agentrt.records import MAX_PAGE_TEXT, Approval, Run, Step
@@ -183,12 +183,12 @@ def _window_error(what: str, limit: object, offset: object) -> PageError:
     for name, value in (("limit", limit), ("offset", offset)):
         if _is_int(value):
             if value > MAX_WINDOW:
-                return PageError(f"list {what}: {name} {value} is more rows than SQLite "
-                                 f"counts (at most {MAX_WINDOW})")
+                return PageError(f"list {what}: {name} {shown_number(value)} is more rows "
+                                 f"than SQLite counts (at most {MAX_WINDOW})")
         else:
             return PageError(f"list {what}: {name} is {described(value)}, "
                              "not an int: pass a whole number of rows")
-    return PageError(f"list {what}: limit {limit} and offset {offset}")
+    return PageError(f"list {what}: limit {shown_number(limit)} and offset {shown_number(offset)}")
 
 
 class PageError(AgentrtError):
@@ -412,15 +412,18 @@ _FAST_AFTER_RUN_SQL = f"SELECT {_FAST_AFTER_COLUMNS} {_AFTER_RUN}"
 
 
 def _approval_rowid(conn: apsw.Connection, run_id: str, approval_id: str) -> int | None:
-    """The rowid of the run's approval whose id is exactly ``approval_id`` as
-    stored text no longer than the cap (so as a page read returns it), or None."""
+    """The rowid of the run's one approval a page read returns ``approval_id`` for:
+    None unless exactly one row of the run reads back as it (a BLOB id reads as
+    its text and a NULL one as '', so a stored text twin would be another row)
+    and that row stores it as that very text, no longer than the cap."""
     try:
         rows = conn.execute(
-            "SELECT rowid FROM approvals WHERE run_id = ? AND id = ? AND typeof(id) = 'text' "
-            f"AND length(id) <= {N}", (run_id, approval_id)).fetchall()
+            "SELECT rowid, typeof(id) = 'text' AND length(id) <= ? FROM approvals "
+            "WHERE run_id = ? AND (CAST(id AS TEXT) = ? OR (id IS NULL AND ? = ''))",
+            (N, run_id, approval_id, approval_id)).fetchall()
     except UnicodeEncodeError:  # a lone surrogate: read back from U+FFFD, not stored so
         return None
-    return cast(int, rows[0][0]) if len(rows) == 1 else None
+    return cast(int, rows[0][0]) if len(rows) == 1 and rows[0][1] else None
 
 
 def events_after(conn: apsw.Connection, run_id: str, seq: int, limit: int) -> list[Event]:
