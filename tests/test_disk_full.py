@@ -601,6 +601,7 @@ def test_a_late_tool_outcome_refused_by_a_full_disk_is_not_said_to_need_a_resume
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=60, check=False)
     said = done.stdout.strip()
-    assert said.endswith("note that nothing can record what was refused (a tool's late "
-                         "outcome) now: run r is already CANCELLED"), (said, done.stderr[-500:])
+    assert said.endswith("note that nothing can record what was refused (an outcome that "
+                         "came after the run ended) now: run r is already CANCELLED"), (
+        said, done.stderr[-500:])
     assert "resume run" not in said

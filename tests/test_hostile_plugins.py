@@ -711,6 +711,31 @@ def test_a_wall_clock_failing_in_a_model_call_stops_it_as_a_crash_not_an_agent_e
     settled(store, "r")
 
 
+def test_a_wall_clock_failing_in_the_lease_heartbeat_stops_the_call_with_its_sentence():
+    """The heartbeat thread died with a traceback on stderr, and the call later
+    ended as a lost lease, not as the clock's failure (review of bb85f79)."""
+    from datetime import UTC, datetime
+
+    from agentrt.driver import ConfigError
+
+    def wall():
+        if threading.current_thread().name.startswith("agentrt-lease"):
+            raise OSError("clock broke")
+        return datetime.now(UTC)
+
+    def slow(c):
+        time.sleep(0.6)  # past a heartbeat (every TTL/3)
+        return ToolResult(b'{"ok":true}', "ok")
+
+    d, store, _, _ = make(script=[call("slow"), Decision.complete()],
+                          tools=[FuncTool("slow", slow, timeout=5)], wall=wall,
+                          lease_ttl=timedelta(seconds=0.3))
+    with pytest.raises(ConfigError, match=re.escape(
+            "the driver's clock wall() raised OSError: clock broke")):
+        d.start("g", limits(), run_id="r")
+    assert store.get_run("r").status == "RUNNING"
+
+
 def test_an_id_function_that_repeats_a_model_call_id_is_said_as_such_and_not_an_agent_error():
     from agentrt.driver import ConfigError
 

@@ -59,7 +59,7 @@ def test_ctrl_c_while_begin_waits_for_the_write_lock_leaves_no_transaction_open(
     writer.execute("ROLLBACK")
 
 
-@pytest.mark.parametrize("method", ["execute", "run"])
+@pytest.mark.parametrize("method", ["execute", "run", "one", "only"])
 def test_statements_with_a_lone_surrogate_parameter_each_run_once(store, method):
     """The surrogate is stored as U+FFFD; the statements before the one that
     binds it are not run again."""
@@ -114,20 +114,44 @@ def test_a_savepoint_that_keeps_its_events_commits(store):
     assert store.verify_events().intact
 
 
-def test_append_after_a_rollback_run_through_execute_is_refused(store):
+@pytest.mark.parametrize("method", ["execute", "run", "one", "only"])
+def test_sql_that_ends_the_transaction_is_refused_at_once_whatever_runs_it(store, method):
+    """Before: a ROLLBACK let a later append commit outside any transaction, and
+    a COMMIT stored events the observer was never told of, raising SQLite's
+    'cannot commit - no transaction is active'."""
     seen: list = []
-    with pytest.raises(TransactionEndedError, match="append"), store.tx(seen.append) as tx:
-        tx.append("r", "", T0, "one", {})
-        tx.execute("ROLLBACK")
-        tx.append("r", "", T0, "two", {})
-    assert (seen, store.list_events("r")) == ([], [])
-    assert store.verify_events().intact
-    with pytest.raises(TransactionEndedError, match="rolled back whole"), \
+    with pytest.raises(TransactionEndedError, match="ended the transaction"), \
             store.tx(seen.append) as tx:
         tx.append("r", "", T0, "one", {})
-        tx.execute("ROLLBACK")
+        getattr(tx, method)("ROLLBACK")
+        tx.append("r", "", T0, "two", {})
     assert (seen, store.list_events("r")) == ([], [])
+    assert store.verify_events().intact and not store.db().in_transaction
+    with pytest.raises(TransactionEndedError, match="ended the transaction"), \
+            store.tx(seen.append) as tx:
+        getattr(tx, method)("COMMIT")
     assert not store.db().in_transaction
+
+
+@pytest.mark.parametrize("method", ["one", "only"])
+def test_a_savepoint_rolled_back_through_one_or_only_is_refused_too(store, method):
+    seen: list = []
+    with pytest.raises(TransactionEndedError, match="rolled back whole"), \
+            store.tx(seen.append) as tx:
+        getattr(tx, method)("SAVEPOINT sp")
+        tx.append("r", "", T0, "one", {})
+        getattr(tx, method)("ROLLBACK TO sp")
+        getattr(tx, method)("RELEASE sp")
+    assert (seen, store.list_events("r")) == ([], [])
+
+
+def test_a_write_whose_sql_holds_case_end_is_not_taken_for_transaction_control(store):
+    """The runtime's own saturating writes (CASE ... END) once paid the check
+    meant for SQL that ends a transaction, on every step."""
+    from agentrt.store.tx import _MAY_UNDO, _shape
+
+    assert not _shape("UPDATE runs SET n = CASE WHEN n > 5 THEN 5 ELSE n END WHERE id = ?")
+    assert _shape("END") & _MAY_UNDO and _shape("x; rollback to s") & _MAY_UNDO
 
 
 def _cache_lines() -> list[int]:
@@ -240,3 +264,10 @@ def test_an_event_of_a_run_that_does_not_exist_is_one_sentence_and_writes_nothin
     assert store.verify_events().intact
     with store.tx() as tx, pytest.raises(ValueError, match="does not exist"):
         tx.append("nope", "", datetime.now(UTC), "t", b"{}")
+
+
+@pytest.mark.parametrize("method", ["execute", "run", "one", "only"])
+def test_none_for_parameters_still_means_none_to_bind(store, method):
+    with store.tx() as tx:
+        getattr(tx, method)("CREATE TABLE IF NOT EXISTS t (n); INSERT INTO t VALUES (1)", None)
+    assert store.db().execute("SELECT count(*) FROM t").fetchall() == [(1,)]

@@ -410,7 +410,8 @@ def _unwritten(core: Core, run_id: str, exc: StoreWriteError) -> StoreWriteError
         owner, expires, status = "", None, ""
     if status in _ENDED:  # a cancel ended it meanwhile: nothing is left to resume
         return exc.retold(core.store.path, "note that nothing can record what was refused "
-                          f"(a tool's late outcome) now: run {run_id} is already {status}")
+                          "(an outcome that came after the run ended) now: run "
+                          f"{run_id} is already {status}")
     action = f"resume run {run_id}"
     if owner == core.owner and expires is not None:
         action += (f" (this driver at once; another once the lease it holds, which could not "

@@ -58,6 +58,8 @@ class Lease:
         self._lock = threading.Lock()
         self._expires: datetime | None = None
         self._lost = False
+        #: The driver's clock failing in the heartbeat: raised by the next ``ok``.
+        self._clock_failed: Exception | None = None
         self._taken = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -75,6 +77,8 @@ class Lease:
         # acquire and release rather than ``with``: half the cost, once a step.
         self._lock.acquire()
         try:
+            if self._clock_failed is not None:
+                raise self._clock_failed
             return (not self._lost and self._expires is not None
                     and self.wall() < self._expires)
         finally:
@@ -96,7 +100,12 @@ class Lease:
     def _beat(self) -> None:
         interval = max(self.ttl.total_seconds() / 3, 0.001)
         while not self._stop.wait(interval):
-            expires = self.wall() + self.ttl
+            try:
+                expires = self.wall() + self.ttl
+            except Exception as exc:  # noqa: BLE001 - the loop says it: see ok()
+                with self._lock:
+                    self._clock_failed = exc
+                return
             try:
                 with self.store.lease_connection(wait=interval) as conn:
                     if conn is not self.store.db():  # its own connection: wait TTL/3 at most

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext, suppress
 from datetime import datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import apsw
 import orjson
@@ -421,9 +421,11 @@ class Tx:
     def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> apsw.Cursor:
         """Run one statement (or several) in this transaction; its own cursor, so
         its rows can be read while other statements run."""
-        if _shape(sql) & _MAY_UNDO:
-            self._undo_possible = True
-        return self._conn.execute(sql, bindable(params))
+        shape = _shape(sql)
+        cursor = self._conn.execute(sql, bindable(params))
+        if shape & _MAY_UNDO:
+            self._controlled()
+        return cursor
 
     def run(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> int:
         """Run one statement that returns no rows (an INSERT or UPDATE without
@@ -431,13 +433,14 @@ class Tx:
         Returns the rows it changed (as :meth:`changes` would, one call less
         for a compare-and-set write)."""
         shape = _shape(sql)
-        if shape:
-            self._undo_possible = self._undo_possible or bool(shape & _MAY_UNDO)
-            params = bindable(params)  # several: the ones before a failed bind would run again
+        if shape & _SEVERAL:  # the ones before a failed bind would run again
+            params = bindable(params)
         try:
             self._cur.execute(sql, params)
         except UnicodeEncodeError:  # one statement: refused at its bind, it did not run
             self._cur.execute(sql, storable(params))
+        if shape & _MAY_UNDO:
+            self._controlled()
         return self._conn.changes()
 
     def one(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()
@@ -447,21 +450,43 @@ class Tx:
         On a cursor of its own, dropped at once: a query left part-read would
         hold its table (a DROP in the same transaction would find it locked).
         """
+        shape = _shape(sql)
+        if shape & _SEVERAL:
+            params = bindable(params)
         try:
             row = self._conn.execute(sql, params).fetchone()
         except UnicodeEncodeError:  # one statement: refused at its bind, it did not run
             row = self._conn.execute(sql, storable(params)).fetchone()
+        if shape & _MAY_UNDO:
+            self._controlled()
         return tuple(row) if row is not None else None
 
     def only(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
         """:meth:`one` for a query that yields at most one row (a lookup by primary
         key): on the transaction's shared cursor, read to its end, so it holds
         nothing afterwards and skips a cursor of its own (a third of the query)."""
+        shape = _shape(sql)
+        if shape & _SEVERAL:
+            params = cast(Sequence[Any], bindable(params))
         try:
             rows = self._cur.execute(sql, params).fetchall()
         except UnicodeEncodeError:  # one statement: refused at its bind, it did not run
             rows = self._cur.execute(sql, storable(params)).fetchall()
+        if shape & _MAY_UNDO:
+            self._controlled()
         return tuple(rows[0]) if rows else None
+
+    def _controlled(self) -> None:
+        """After SQL that may end the transaction or undo part of it: the commit
+        will check its events are all still there; one that ended it is refused
+        at once (what it committed or rolled back stays so; the observer is told
+        nothing)."""
+        self._undo_possible = True
+        if not self._conn.in_transaction:
+            raise TransactionEndedError(
+                "SQL run through it ended the transaction (a COMMIT, END or ROLLBACK), so "
+                "what it had done is committed or rolled back as that SQL said and the "
+                "observer was told nothing; leave ending it to the with block")
 
     def changes(self) -> int:
         """Rows changed by the last statement (compare-and-set writes check it)."""
@@ -526,7 +551,7 @@ class Tx:
         if not at_text:
             raise _at_error(at)
         conn = self._conn
-        if not conn.in_transaction:
+        if self._undo_possible and not conn.in_transaction:
             raise TransactionEndedError(
                 "append needs the transaction open, and a ROLLBACK or COMMIT run through "
                 "execute ended it; leave ending it to the with block")
@@ -586,7 +611,10 @@ def storable(params: Sequence[Any] | Mapping[str, Any]) -> Sequence[Any] | Mappi
 
 
 #: Words of the SQL that can end a transaction or undo part of it.
-_TRANSACTION_CONTROL = re.compile(r"\b(?:ROLLBACK|COMMIT|END|RELEASE|SAVEPOINT)\b", re.I)
+#: Statements that end the transaction or undo part of it (at a statement's start:
+#: the CASE ... END of an ordinary write is none).
+_TRANSACTION_CONTROL = re.compile(
+    r"(?:^|;)\s*(?:ROLLBACK|COMMIT|END|RELEASE|SAVEPOINT|BEGIN)\b", re.I)
 _MAY_UNDO, _SEVERAL = 1, 2
 _SHAPES: dict[str, int] = {}
 
@@ -611,6 +639,8 @@ def bindable(params: Sequence[Any] | Mapping[str, Any]) -> Sequence[Any] | Mappi
     several statements has run those before the failing one, and would run
     them twice. Only a non-ASCII string can hold one, so the usual write pays
     an ``isascii`` per string."""
+    if not params:  # () or None: nothing to bind
+        return params
     values = (params if params.__class__ is tuple
               else params.values() if isinstance(params, Mapping) else params)
     for v in values:
