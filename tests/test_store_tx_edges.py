@@ -271,3 +271,42 @@ def test_none_for_parameters_still_means_none_to_bind(store, method):
     with store.tx() as tx:
         getattr(tx, method)("CREATE TABLE IF NOT EXISTS t (n); INSERT INTO t VALUES (1)", None)
     assert store.db().execute("SELECT count(*) FROM t").fetchall() == [(1,)]
+
+
+def test_transaction_control_written_after_a_comment_is_still_refused(store):
+    """Only a word at a statement's start was looked at: after a comment, a
+    ROLLBACK let the next append commit on its own, chained from a rolled-back
+    event, and a savepoint rolled back over an event let the observer be told
+    of it (review of 905ad5f)."""
+    seen: list = []
+    with pytest.raises(TransactionEndedError), store.tx(seen.append) as tx:
+        tx.append("r", "", T0, "one", {})
+        tx.execute("/* undo */ ROLLBACK")
+        tx.append("r", "", T0, "two", {})
+    with pytest.raises(TransactionEndedError), store.tx(seen.append) as tx:
+        tx.execute("-- keep a mark\nSAVEPOINT sp")
+        tx.append("r", "", T0, "one", {})
+        tx.execute("/* b */ ROLLBACK TO sp")
+    assert seen == [] == store.list_events("r")
+    assert store.verify_events().intact
+
+
+def test_a_trigger_that_ends_the_transaction_refuses_the_next_append(store):
+    store.db().execute("CREATE TABLE g (n); CREATE TRIGGER gt BEFORE INSERT ON g "
+                       "BEGIN SELECT RAISE(ROLLBACK, 'no'); END")
+    with pytest.raises(TransactionEndedError), store.tx() as tx:
+        tx.append("r", "", T0, "one", {})
+        with pytest.raises(apsw.ConstraintError):
+            tx.run("INSERT INTO g VALUES (1)")
+        tx.append("r", "", T0, "two", {})
+    assert store.list_events("r") == [] and store.verify_events().intact
+
+
+def test_a_commit_run_after_a_row_is_read_is_refused_at_the_end(store):
+    """``execute`` returns at the first row; the COMMIT after it runs as the
+    rows are read, after the check made when it returned."""
+    seen: list = []
+    with pytest.raises(TransactionEndedError), store.tx(seen.append) as tx:
+        tx.append("r", "", T0, "one", {})
+        list(tx.execute("SELECT 1; COMMIT"))
+    assert seen == [] and not store.db().in_transaction

@@ -366,6 +366,12 @@ class Tx:
         cur = self._cur
         try:
             if exc_type is None:
+                if not conn.in_transaction:  # ended by SQL whose rows were read later, say
+                    raise TransactionEndedError(
+                        "SQL run in it ended the transaction before its end (a COMMIT or "
+                        "ROLLBACK, or a trigger's RAISE(ROLLBACK)), so what it had done is "
+                        "committed or rolled back as that SQL said and the observer was told "
+                        "nothing; leave ending it to the with block")
                 if self._undo_possible and self.events and not self._appended_stored():
                     if conn.in_transaction:
                         cur.execute("ROLLBACK")
@@ -551,7 +557,7 @@ class Tx:
         if not at_text:
             raise _at_error(at)
         conn = self._conn
-        if self._undo_possible and not conn.in_transaction:
+        if not conn.in_transaction:  # SQL, or a trigger's RAISE(ROLLBACK), ended it
             raise TransactionEndedError(
                 "append needs the transaction open, and a ROLLBACK or COMMIT run through "
                 "execute ended it; leave ending it to the with block")
@@ -614,7 +620,8 @@ def storable(params: Sequence[Any] | Mapping[str, Any]) -> Sequence[Any] | Mappi
 #: Statements that end the transaction or undo part of it (at a statement's start:
 #: the CASE ... END of an ordinary write is none).
 _TRANSACTION_CONTROL = re.compile(
-    r"(?:^|;)\s*(?:ROLLBACK|COMMIT|END|RELEASE|SAVEPOINT|BEGIN)\b", re.I)
+    r"(?:^|;)(?:\s+|--[^\n]*|/\*.*?\*/)*(?:ROLLBACK|COMMIT|END|RELEASE|SAVEPOINT|BEGIN)\b",
+    re.I | re.S)
 _MAY_UNDO, _SEVERAL = 1, 2
 _SHAPES: dict[str, int] = {}
 
