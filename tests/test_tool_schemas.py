@@ -205,3 +205,51 @@ def test_a_refusal_of_large_arguments_shows_only_the_start_of_them():
 def test_a_schema_holding_nan_or_infinity_is_not_valid_json(constant):
     with pytest.raises(ValueError, match="^input schema is not valid JSON$"):
         compile_schema(b'{"maximum":' + constant + b"}")
+
+
+# -- review of the schema fixes ---------------------------------------------------
+
+
+@pytest.mark.parametrize("pattern", ["^[#-\\d]+$", "^[\\w-a]+$", "^[%-\\w]+$"])
+def test_a_range_to_or_from_a_class_escape_is_refused_as_ecma_and_re2_refuse_it(pattern):
+    """Written as ranges, [#-\\d] took in '/' and '.', [\\w-a] a backquote."""
+    with pytest.raises(ValueError, match="input schema is invalid"):
+        compile_schema(json.dumps({"pattern": pattern}).encode())
+
+
+@pytest.mark.parametrize("pattern", ["^[\\w-]+$", "^[-\\w]+$", "^[a\\-\\w]+$"])
+def test_a_hyphen_at_a_class_edge_or_escaped_beside_a_class_escape_is_literal(pattern):
+    v = compile_schema(json.dumps({"pattern": pattern}).encode())
+    assert check_args(v, b'"a-b_c"') is None and check_args(v, b'"a`b"') is not None
+
+
+def test_draft_3_divisible_by_is_checked_exactly_too():
+    v = compile_schema(b'{"$schema":"http://json-schema.org/draft-03/schema#",'
+                       b'"divisibleBy":0.5}')
+    assert check_args(v, b"1e40") is None
+    assert check_args(v, b"123456789012345678901234567890") is None
+    assert "does not satisfy" in (check_args(v, b"0.3") or "")
+
+
+def test_a_registration_refusal_shows_numbers_as_json_not_python():
+    with pytest.raises(ValueError) as info:
+        compile_schema(b'{"minLength":1.5}')
+    assert str(info.value) == ('input schema is invalid: at /minLength: 1.5 does not satisfy '
+                               '"type": "integer"')
+
+
+@pytest.mark.parametrize("schema", [
+    b'{"pattern":"a{4294967296}"}',
+    b'{"$schema":"http://json-schema.org/draft-04/schema#","patternProperties":{"(":{}}}',
+])
+def test_a_pattern_python_cannot_compile_is_refused_at_registration_in_any_dialect(schema):
+    """A count past 2**32 raised OverflowError out of registration; draft 4's
+    metaschema does not check patternProperties' names, so every call failed."""
+    with pytest.raises(ValueError, match="input schema"):
+        compile_schema(schema)
+
+
+def test_a_reference_loop_through_draft_7_dependencies_is_refused_at_registration():
+    with pytest.raises(ValueError, match="in a loop that never reaches into the arguments"):
+        compile_schema(b'{"$schema":"http://json-schema.org/draft-07/schema#",'
+                       b'"dependencies":{"a":{"$ref":"#"}}}')

@@ -225,6 +225,12 @@ def _ecma(pattern: str) -> str:
         if c == "\\" and i < n:
             e = pattern[i]
             i += 1
+            if in_class and e in _INSIDE_CLASS and (
+                    (out and out[-1] == "-" and len(out) > 1 and out[-2] != "[")
+                    or (pattern.startswith("-", i) and not pattern.startswith("-]", i))):
+                # A range to or from a set ([#-\d], [\w-a]): ECMA-262 and RE2 refuse
+                # it, and written as ranges it would take in other characters.
+                raise re.error(f"a range to or from \\{e} in a class")
             out.append((_INSIDE_CLASS if in_class else _OUTSIDE_CLASS).get(e, c + e))
             continue
         if in_class:
@@ -321,12 +327,15 @@ def _validator_class(base: Any) -> Any:
     if cls is None:
         types = base.TYPE_CHECKER.redefine_many({"number": _is_number,
                                                  "integer": _is_integer})
-        cls = jsonschema.validators.extend(base, {
+        ours = {
             "pattern": _pattern,
             "patternProperties": _pattern_properties,
             "additionalProperties": _additional_properties,
             "multipleOf": _multiple_of,
-        }, type_checker=types)
+        }
+        if "divisibleBy" in base.VALIDATORS:  # draft 3's name for it
+            ours["divisibleBy"] = _multiple_of
+        cls = jsonschema.validators.extend(base, ours, type_checker=types)
         cls.evolve = _evolve
         cls = _OURS.setdefault(base, cls)
     return cls
@@ -348,7 +357,7 @@ def _meta_formats(base: Any) -> jsonschema.FormatChecker:
     """``base``'s format checks with "regex" read as a pattern is matched."""
     checker = jsonschema.FormatChecker(())
     checker.checkers = dict(base.FORMAT_CHECKER.checkers)
-    checker.checks("regex", raises=re.error)(
+    checker.checks("regex", raises=(re.error, OverflowError))(
         lambda v: not isinstance(v, str) or _regex(v) is not None)
     return checker
 
@@ -410,6 +419,33 @@ def _schemas(node: Any, *, named: bool = False) -> Iterator[dict[str, Any]]:
                 yield from _schemas(value, named=key in _NAMED_SCHEMAS)
 
 
+def _schema_problem(error: ValidationError) -> str:
+    """What the metaschema found, its values in JSON (a bound written 1.5 is a
+    Decimal here, which the library's own message would show in Python's)."""
+    where = "/" + "/".join(str(p).replace("~", "~0").replace("/", "~1")
+                           for p in error.absolute_path)
+    if error.validator is None or not isinstance(error.validator, str):
+        return str(error.message)
+    return (f"at {where}: {_shown(error.instance)} does not satisfy "
+            f"{_shown(error.validator)}: {_shown(error.validator_value)}")
+
+
+def _check_patterns(schema: Any) -> None:
+    """Compile every pattern now, whatever the dialect's metaschema checks (draft
+    4's does not check patternProperties' names): one Python cannot read would
+    fail every call instead."""
+    for node in _schemas(schema):
+        patterns = [node["pattern"]] if isinstance(node.get("pattern"), str) else []
+        if isinstance(node.get("patternProperties"), dict):
+            patterns += list(node["patternProperties"])
+        for p in patterns:
+            try:
+                _regex(p)
+            except (re.error, OverflowError) as exc:
+                raise ValueError(f"input schema has the pattern {_shown(p)}, which cannot be "
+                                 f"read as a regular expression ({exc})") from None
+
+
 def _check_unevaluated(schema: Any) -> None:
     """Refuse unevaluatedProperties beside a property pattern read differently by
     Python: jsonschema finds the properties it leaves with Python's reading."""
@@ -451,7 +487,8 @@ def compile_schema(data: bytes) -> jsonschema.protocols.Validator:
         raise ValueError("input schema nests too deeply for the schema library to "
                          "check it") from None
     if error is not None:
-        raise ValueError(f"input schema is invalid: {error.message}")
+        raise ValueError(f"input schema is invalid: {_schema_problem(error)}")
+    _check_patterns(schema)
     _check_unevaluated(schema)
     resource = referencing.Resource.from_contents(
         schema, default_specification=referencing.jsonschema.DRAFT202012)
@@ -474,14 +511,15 @@ def compile_schema(data: bytes) -> jsonschema.protocols.Validator:
         error = next(checker.iter_errors(target), None)
         if error is not None:
             raise ValueError(f"input schema refers to {ref}, which is not a valid schema: "
-                             f"{error.message}")
+                             f"{_schema_problem(error)}")
     try:
         loop = _ref_loop(schema, root)
     except RecursionError:
         raise ValueError("input schema's references nest too deeply to follow") from None
     if loop is not None:
         raise ValueError(f"input schema refers to {loop} in a loop that never reaches into "
-                         "the arguments, so no arguments can be checked; break the loop")
+                         "the arguments, which the schema library would follow without end "
+                         "wherever it applies it; break the loop")
     validator = _validator_class(cls)(schema, registry=registry)
     try:  # once, on {}: a schema the library cannot apply is refused now, not per call
         for _ in validator.iter_errors({}):
@@ -544,9 +582,10 @@ def _ref_loop(schema: Any, root: Resolver[Any]) -> str | None:
             value = node.get(key)
             children += [(v, resolver) for v in value] if isinstance(value, list) else []
         children += [(node.get(key), resolver) for key in _IN_PLACE]
-        dependent = node.get("dependentSchemas")
-        if isinstance(dependent, dict):
-            children += [(v, resolver) for v in dependent.values()]
+        for key in ("dependentSchemas", "dependencies"):  # the latter: drafts 4-7
+            dependent = node.get(key)
+            if isinstance(dependent, dict):
+                children += [(v, resolver) for v in dependent.values() if isinstance(v, dict)]
         for child, child_resolver in children:
             found = visit(child, child_resolver)
             if found is not None:
