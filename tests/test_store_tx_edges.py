@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from datetime import UTC, datetime, timedelta, timezone
@@ -310,3 +312,17 @@ def test_a_commit_run_after_a_row_is_read_is_refused_at_the_end(store):
         tx.append("r", "", T0, "one", {})
         list(tx.execute("SELECT 1; COMMIT"))
     assert seen == [] and not store.db().in_transaction
+
+
+def test_the_sql_shape_check_takes_linear_time_over_long_runs_of_space_and_comments():
+    """A nested quantifier over whitespace backtracked exponentially: a long run
+    of spaces after a ';' never finished (review of 3f8c897). In a child, so a
+    regression fails on the timeout instead of hanging the suite."""
+    code = ("from agentrt.store.tx import _shape\n"
+            "for sql in (';' + ' ' * 100000 + 'x', (' /* c */ -- d\\n') * 20000 + 'x',\n"
+            "            (';' + ' ' * 500) * 500 + 'x', '/*' * 20000 + 'x'):\n"
+            "    _shape(sql)\n"
+            "print('done')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=30, check=False)
+    assert done.stdout.strip() == "done", done.stderr[-300:]

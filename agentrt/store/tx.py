@@ -619,9 +619,10 @@ def storable(params: Sequence[Any] | Mapping[str, Any]) -> Sequence[Any] | Mappi
 #: Words of the SQL that can end a transaction or undo part of it.
 #: Statements that end the transaction or undo part of it (at a statement's start:
 #: the CASE ... END of an ordinary write is none).
-_TRANSACTION_CONTROL = re.compile(
-    r"(?:^|;)(?:\s+|--[^\n]*|/\*.*?\*/)*(?:ROLLBACK|COMMIT|END|RELEASE|SAVEPOINT|BEGIN)\b",
-    re.I | re.S)
+_TRANSACTION_CONTROL = re.compile(  # possessive: no backtracking over a long run of space
+    r"(?:^|;)(?:\s++|--[^\n]*+|/\*(?:[^*]|\*(?!/))*+\*/)*+"
+    r"(?:ROLLBACK|COMMIT|END|RELEASE|SAVEPOINT|BEGIN)\b",
+    re.I)
 _MAY_UNDO, _SEVERAL = 1, 2
 _SHAPES: dict[str, int] = {}
 
