@@ -253,3 +253,26 @@ def test_a_reference_loop_through_draft_7_dependencies_is_refused_at_registratio
     with pytest.raises(ValueError, match="in a loop that never reaches into the arguments"):
         compile_schema(b'{"$schema":"http://json-schema.org/draft-07/schema#",'
                        b'"dependencies":{"a":{"$ref":"#"}}}')
+
+
+@pytest.mark.parametrize(("pattern", "takes", "refuses"), [
+    ("^[a-z-\\d]+$", ["a-1", "-"], ["Z"]),
+    ("^[0-9-\\w]+$", ["a-_9"], ["."]),
+    ("^[^-\\d]+$", ["ab"], ["-", "5"]),
+    ("^[+--\\d]+$", ["+,-5"], ["a"]),
+    ("^[-a-c]+$", ["-abc"], ["d"]),
+])
+def test_a_hyphen_after_a_range_or_a_negation_beside_a_class_escape_is_a_literal(
+        pattern, takes, refuses):
+    """The range check took any '-' before \\d or \\w for a range (review of
+    89bb724); these are all valid ECMA-262, and read here as node reads them."""
+    v = compile_schema(json.dumps({"pattern": pattern}).encode())
+    assert all(check_args(v, json.dumps(t).encode()) is None for t in takes)
+    assert all(check_args(v, json.dumps(r).encode()) is not None for r in refuses)
+
+
+def test_patterns_under_keywords_no_dialect_knows_are_data_not_checked():
+    """A UI hint's "pattern" is not the schema's: refusing it refused valid tools."""
+    for schema in (b'{"type":"object","x-ui":{"pattern":"\\\\p{L}"}}',
+                   b'{"type":"object","x-form":{"patternProperties":{"(":{}}}}'):
+        compile_schema(schema)

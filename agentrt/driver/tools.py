@@ -216,32 +216,49 @@ _INSIDE_CLASS = {
 
 def _ecma(pattern: str) -> str:
     """``pattern`` rewritten so that Python reads ``$``, ``\\d``, ``\\w``, ``\\b``
-    (and their negations) as ECMA-262 does."""
+    (and their negations) as ECMA-262 does. In a class, a ``-`` is a range
+    only between two single characters (a literal one is written escaped); a
+    range to or from a set (``[#-\\d]``, ``[\\w-a]``) is refused, as ECMA-262
+    and RE2 refuse it: written as ranges it would take in other characters."""
     out: list[str] = []
     i, n, in_class = 0, len(pattern), False
+    last = ""  # in a class: "start", "char" (may begin a range), "set" or "range"
+    ranging = False  # a "-" after a single character: the next item ends a range
     while i < n:
         c = pattern[i]
         i += 1
         if c == "\\" and i < n:
             e = pattern[i]
             i += 1
-            if in_class and e in _INSIDE_CLASS and (
-                    (out and out[-1] == "-" and len(out) > 1 and out[-2] != "[")
-                    or (pattern.startswith("-", i) and not pattern.startswith("-]", i))):
-                # A range to or from a set ([#-\d], [\w-a]): ECMA-262 and RE2 refuse
-                # it, and written as ranges it would take in other characters.
+            if not in_class:
+                out.append(_OUTSIDE_CLASS.get(e, c + e))
+                continue
+            is_set = e in _INSIDE_CLASS
+            if is_set and (ranging or (pattern.startswith("-", i)
+                                       and not pattern.startswith("-]", i))):
                 raise re.error(f"a range to or from \\{e} in a class")
-            out.append((_INSIDE_CLASS if in_class else _OUTSIDE_CLASS).get(e, c + e))
+            out.append(_INSIDE_CLASS.get(e, c + e))
+            last = "set" if is_set else ("range" if ranging else "char")
+            ranging = False
             continue
         if in_class:
-            in_class = c != "]"
+            if c == "]":
+                in_class = False
+            elif ranging:  # this character ends the range
+                c = "\\-" if c == "-" else c
+                last, ranging = "range", False
+            elif c == "-" and last == "char" and not pattern.startswith("]", i):
+                ranging = True
+            else:
+                c = "\\-" if c == "-" else c  # a literal hyphen, said so to Python
+                last = "char"
         elif c == "[":
-            in_class = True
+            in_class, last, ranging = True, "start", False
             # Python reads a "]" first in a class (after any "^") as a literal.
             if pattern.startswith("^", i):
                 c, i = c + "^", i + 1
             if pattern.startswith("]", i):
-                c, i = c + "]", i + 1
+                c, i, last = c + "]", i + 1, "char"
         elif c == "$":
             c = "\\Z"  # the very end of the text, never before a final newline
         out.append(c)
@@ -430,11 +447,36 @@ def _schema_problem(error: ValidationError) -> str:
             f"{_shown(error.validator)}: {_shown(error.validator_value)}")
 
 
+#: Keywords whose value is a schema, or a list of schemas (the others hold data).
+_SUBSCHEMAS = frozenset((
+    "additionalProperties", "additionalItems", "items", "prefixItems", "contains",
+    "propertyNames", "unevaluatedProperties", "unevaluatedItems", "not", "if", "then",
+    "else", "allOf", "anyOf", "oneOf", "extends"))
+
+
+def _applied_schemas(node: Any) -> Iterator[dict[str, Any]]:
+    """Every schema object the validator may apply: ``node`` and what its
+    schema keywords hold (the values of unknown keywords are data)."""
+    if isinstance(node, list):
+        for item in node:
+            yield from _applied_schemas(item)
+        return
+    if not isinstance(node, dict):
+        return
+    yield node
+    for key, value in node.items():
+        if key in _NAMED_SCHEMAS and isinstance(value, dict):
+            for sub in value.values():
+                yield from _applied_schemas(sub)
+        elif key in _SUBSCHEMAS:
+            yield from _applied_schemas(value)
+
+
 def _check_patterns(schema: Any) -> None:
     """Compile every pattern now, whatever the dialect's metaschema checks (draft
     4's does not check patternProperties' names): one Python cannot read would
-    fail every call instead."""
-    for node in _schemas(schema):
+    fail every call instead. Data under a keyword no dialect knows is left be."""
+    for node in _applied_schemas(schema):
         patterns = [node["pattern"]] if isinstance(node.get("pattern"), str) else []
         if isinstance(node.get("patternProperties"), dict):
             patterns += list(node["patternProperties"])
