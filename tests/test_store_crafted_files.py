@@ -131,44 +131,42 @@ def test_parse_time_refuses_what_is_not_rfc3339(text):
         parse_time(text)
 
 
+_AT = datetime(2026, 10, 1, tzinfo=UTC)
+
+
+def _three_events_then(path: str, *edits: str) -> int:
+    """A store with events 1-3, edited by another connection (``edits``, which end
+    by deleting the newest event): the seq the writer gives the next event."""
+    with open_store(path) as store, store.tx() as tx:
+        tx.execute("INSERT INTO runs (id, goal, status, limits_json, created_at) "
+                   "VALUES ('r', 'g', 'RUNNING', '{}', '')")
+        for i in range(3):
+            tx.append("r", "", _AT, "run.started", {"i": i})
+    conn = apsw.Connection(path)
+    for sql in edits:
+        conn.execute(sql)
+    conn.close()
+    with open_store(path) as store:
+        with store.tx() as tx:
+            tx.append("r", "", _AT, "run.started", {"i": 3})
+        return store.chain_head()[0]
+
+
 def test_a_seq_is_never_reused_when_events_is_named_in_another_case(tmp_path):
     """SQLite's names ignore case and sqlite_sequence keeps the name as written:
     for a table renamed "Events" the writer no longer saw the seqs handed out,
     and gave the seq of a deleted newest event to the next one (a follower's
     cursor past it skipped the new event)."""
-    path = str(tmp_path / "a.db")
-    with open_store(path) as store, store.tx() as tx:
-        tx.execute("INSERT INTO runs (id, goal, status, limits_json, created_at) "
-                   "VALUES ('r', 'g', 'RUNNING', '{}', '')")
-        for i in range(3):
-            tx.append("r", "", datetime(2026, 10, 1, tzinfo=UTC), "run.started", {"i": i})
-    conn = apsw.Connection(path)
-    conn.execute("ALTER TABLE events RENAME TO ev_tmp")
-    conn.execute("ALTER TABLE ev_tmp RENAME TO Events")
-    conn.execute("DELETE FROM Events WHERE seq = 3")
-    conn.close()
-    with open_store(path) as store:
-        with store.tx() as tx:
-            tx.append("r", "", datetime(2026, 10, 1, tzinfo=UTC), "run.started", {"i": 3})
-        assert store.chain_head()[0] == 4
+    assert _three_events_then(str(tmp_path / "a.db"), "ALTER TABLE events RENAME TO ev_tmp",
+                              "ALTER TABLE ev_tmp RENAME TO Events",
+                              "DELETE FROM Events WHERE seq = 3") == 4
 
 
 def test_a_stray_sequence_row_in_another_case_is_not_the_events_tables(tmp_path):
     """AUTOINCREMENT keeps the row named as the table was created; a second row
     named "EVENTS" (an edited file) must not decide the next seq, which could
     then be reused or skip ahead (review of 3842ca4)."""
-    path = str(tmp_path / "a.db")
-    with open_store(path) as store, store.tx() as tx:
-        tx.execute("INSERT INTO runs (id, goal, status, limits_json, created_at) "
-                   "VALUES ('r', 'g', 'RUNNING', '{}', '')")
-        for i in range(3):
-            tx.append("r", "", datetime(2026, 10, 1, tzinfo=UTC), "run.started", {"i": i})
-    conn = apsw.Connection(path)
-    conn.execute("UPDATE sqlite_sequence SET rowid = 10 WHERE name = 'events'")
-    conn.execute("INSERT INTO sqlite_sequence (rowid, name, seq) VALUES (1, 'EVENTS', 0)")
-    conn.execute("DELETE FROM events WHERE seq = 3")
-    conn.close()
-    with open_store(path) as store:
-        with store.tx() as tx:
-            tx.append("r", "", datetime(2026, 10, 1, tzinfo=UTC), "run.started", {"i": 3})
-        assert store.chain_head()[0] == 4
+    assert _three_events_then(
+        str(tmp_path / "a.db"), "UPDATE sqlite_sequence SET rowid = 10 WHERE name = 'events'",
+        "INSERT INTO sqlite_sequence (rowid, name, seq) VALUES (1, 'EVENTS', 0)",
+        "DELETE FROM events WHERE seq = 3") == 4
