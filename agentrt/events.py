@@ -178,6 +178,11 @@ Event.register(_StoredEvent)
 #: (``at`` as stored text, ``payload`` as bytes): the readers' fast path.
 event_from_fields = cast(Callable[[Iterable[Any]], Event], _StoredEvent)
 
+#: The exact classes of the events this package builds: code that reads an
+#: event's stored fields by position trusts these, and no subclass, whose
+#: properties could say otherwise.
+OWN_EVENT_CLASSES: tuple[type, ...] = (Event, _StoredEvent)
+
 #: Receives each event after its transaction commits, a transaction's events in
 #: the order they were appended (rising seq). Transactions on other threads
 #: deliver independently: an observer they share may see a later transaction's

@@ -33,7 +33,7 @@ import stat
 import threading
 import time
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from functools import cache
 from typing import IO, Any
@@ -41,7 +41,7 @@ from typing import IO, Any
 import orjson
 
 from agentrt.errors import AgentrtError, described
-from agentrt.events import Event, Observer
+from agentrt.events import OWN_EVENT_CLASSES, Event, Observer
 from agentrt.gojson import STRING_PATTERN, encode_string
 from agentrt.timefmt import format_time_nano, fraction_digits, local_stamp, parse_time
 
@@ -53,6 +53,7 @@ __all__ = [
     "display_width",
     "is_mark",
     "jsonl",
+    "jsonl_page",
     "jsonl_record",
     "jsonl_with_err",
     "pad",
@@ -369,6 +370,25 @@ def jsonl_record(event: Event) -> bytes:
         _QUOTED.get(type_) or _quoted(type_),
         payload,
     )
+
+
+try:
+    from agentrt._jsonlpage import join_records as _join_records
+except ImportError:  # installed without a C compiler: the same bytes, written slower
+    _join_records = None  # type: ignore[assignment]
+
+
+def jsonl_page(events: Sequence[Event]) -> bytes:
+    """The records of ``events`` joined: the bytes of :func:`jsonl_record` for each.
+
+    Events in the runtime's own form (plain ids, a stored UTC time, a compact
+    JSON payload) are written by a small C module, about ten times faster;
+    every other event by :func:`jsonl_record`, which the C path is held
+    byte-equal to (``tests/test_jsonl_page.py``).
+    """
+    if _join_records is None:
+        return b"".join([jsonl_record(e) for e in events])
+    return _join_records(events, OWN_EVENT_CLASSES, jsonl_record)
 
 
 # --------------------------------------------------------------------------

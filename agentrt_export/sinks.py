@@ -22,7 +22,14 @@ from typing import IO
 
 from agentrt.errors import described
 from agentrt.events import Event
-from agentrt.trace import LineWriter, OutputStopped, check_stream, jsonl_record, plain_descriptor
+from agentrt.trace import (
+    LineWriter,
+    OutputStopped,
+    check_stream,
+    jsonl_page,
+    jsonl_record,
+    plain_descriptor,
+)
 from agentrt_export.follower import FollowError, PartialPage
 
 __all__ = ["JSONLSink", "OutputStopped"]
@@ -168,16 +175,15 @@ class JSONLSink:
         raises :class:`~agentrt_export.follower.PartialPage` saying how many,
         so the cursor moves past them and a restart writes none of them twice.
         """
-        records = [jsonl_record(e) for e in events]
-        data, held = b"".join(records), 0
+        data, held = jsonl_page(events), 0
         if not self._mended:
             data, held = self._mend(data)
         try:
             self._out.write_through(data)
         except Exception as exc:
             accepted, arrived = 0, self._out.arrived + held
-            for record in records:
-                arrived -= len(record)
+            for event in events:  # the same records again, only to count them
+                arrived -= len(jsonl_record(event))
                 if arrived < 0:
                     break
                 accepted += 1

@@ -97,7 +97,9 @@ def test_make_refuses_a_python_older_than_3_11_in_one_sentence_and_makes_no_venv
     old.chmod(0o755)
     work = tmp_path / "checkout"
     work.mkdir()
-    for name in ("Makefile", "pyproject.toml", "constraints.txt"):
+    (work / "agentrt").mkdir()
+    for name in ("Makefile", "pyproject.toml", "constraints.txt", "setup.py",
+                 "agentrt/_jsonlpage.c"):
         shutil.copy(os.path.join(REPO_ROOT, name), work / name)
     done = subprocess.run(["make", "-s", "install", f"PYTHON={old}"], cwd=work,
                           capture_output=True, text=True, timeout=60)
