@@ -54,12 +54,24 @@ put(Buffer *b, const void *bytes, Py_ssize_t n)
     b->len += n;
 }
 
+/* Whether an exact str is ASCII (a legacy string that cannot be made ready
+ * is left to Python, its error cleared). */
+static int
+ascii_ready(PyObject *s)
+{
+    if (PyUnicode_READY(s) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    return PyUnicode_IS_ASCII(s);
+}
+
 /* The bytes of an exact str that JSON writes between quotes as they are
  * (printable ASCII without '"' or '\\'), or NULL. */
 static const char *
 plain_text(PyObject *s, Py_ssize_t *n)
 {
-    if (!PyUnicode_CheckExact(s) || PyUnicode_READY(s) < 0 || !PyUnicode_IS_ASCII(s))
+    if (!PyUnicode_CheckExact(s) || !ascii_ready(s))
         return NULL;
     const unsigned char *p = PyUnicode_1BYTE_DATA(s);
     Py_ssize_t len = PyUnicode_GET_LENGTH(s);
@@ -221,7 +233,10 @@ is_digit(const unsigned char *p, Py_ssize_t n, Py_ssize_t i)
     return i < n && p[i] >= '0' && p[i] <= '9';
 }
 
-/* Move *at past the JSON number starting there; 0 when it is not one. */
+/* Move *at past the JSON number starting there; 0 when it is not one, or
+ * when it might be out of a double's range (more than 200 integer digits, an
+ * exponent of three digits or more): orjson refuses those, and Python's
+ * strict decoder then decides, with a verdict that can depend on its stack. */
 static int
 skip_number(const unsigned char *p, Py_ssize_t n, Py_ssize_t *at)
 {
@@ -230,11 +245,14 @@ skip_number(const unsigned char *p, Py_ssize_t n, Py_ssize_t *at)
         i++;
     if (!is_digit(p, n, i))
         return 0;
+    Py_ssize_t digits = i;
     if (p[i] == '0')
         i++;
     else
         while (is_digit(p, n, i))
             i++;
+    if (i - digits > 200)
+        return 0;
     if (i < n && p[i] == '.') {
         i++;
         if (!is_digit(p, n, i))
@@ -246,10 +264,13 @@ skip_number(const unsigned char *p, Py_ssize_t n, Py_ssize_t *at)
         i++;
         if (i < n && (p[i] == '+' || p[i] == '-'))
             i++;
+        digits = i;
         if (!is_digit(p, n, i))
             return 0;
         while (is_digit(p, n, i))
             i++;
+        if (i - digits > 2)
+            return 0;
     }
     *at = i;
     return 1;
@@ -356,8 +377,7 @@ write_record(Buffer *b, PyObject *event)
     const char *step_id = plain_text(PyTuple_GET_ITEM(event, 2), &step_len);
     const char *type = plain_text(PyTuple_GET_ITEM(event, 4), &type_len);
     if (run_id == NULL || step_id == NULL || type == NULL || !PyLong_CheckExact(seq)
-        || !PyBytes_CheckExact(payload) || !PyUnicode_CheckExact(at)
-        || PyUnicode_READY(at) < 0 || !PyUnicode_IS_ASCII(at))
+        || !PyBytes_CheckExact(payload) || !PyUnicode_CheckExact(at) || !ascii_ready(at))
         return 0;
     int overflow;
     long long number = PyLong_AsLongLongAndOverflow(seq, &overflow);
@@ -435,9 +455,12 @@ join_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (record == NULL)
             goto fail;
         if (!PyBytes_Check(record)) {
-            PyErr_Format(PyExc_TypeError, "join_records: fallback returned %.100s, not bytes",
-                         Py_TYPE(record)->tp_name);
+            PyTypeObject *type = Py_TYPE(record);
+            Py_INCREF(type);
             Py_DECREF(record);
+            PyErr_Format(PyExc_TypeError, "join_records: fallback returned %.100s, not bytes",
+                         type->tp_name);
+            Py_DECREF(type);
             goto fail;
         }
         if (reserve(&b, PyBytes_GET_SIZE(record)) < 0) {

@@ -253,7 +253,7 @@ def _quoted(s: str) -> bytes:
         q = b'"' + s.encode() + b'"'  # nothing to escape: most ids
     else:
         q = encode_string(s, False).encode("utf-8")  # lone surrogates come out escaped
-    if len(s) <= _QUOTED_MAX_LEN:
+    if len(s) <= _QUOTED_MAX_LEN and type(s) is str:  # a subclass may encode otherwise
         if len(_QUOTED) >= _QUOTED_MAX_ENTRIES:
             _QUOTED.clear()
         _QUOTED[s] = q

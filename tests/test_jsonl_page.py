@@ -88,7 +88,8 @@ def test_a_record_in_the_runtimes_form_is_written_without_python() -> None:
     {"payload": b'"\xf4\x90\x80\x80"'}, {"payload": b'"\xf0\x90'},
     {"payload": b""}, {"payload": b'{"a": 1}'}, {"payload": b"nope"},
     {"payload": b'"\\ud800"'}, {"payload": b"[" * 65 + b"]" * 65},
-    {"seq": 2**64},
+    {"payload": b"[1e100]"}, {"payload": b"1" * 201}, {"payload": b"-1E-400"},
+    {"seq": 2**64}, {"seq": True},
 ])
 def test_an_event_in_another_form_is_left_to_python(change: dict[str, object]) -> None:
     event = stored(**change)  # type: ignore[arg-type]
@@ -110,6 +111,44 @@ def test_an_event_in_another_form_is_left_to_python(change: dict[str, object]) -
 def test_the_edges_of_the_runtimes_form_are_written_in_c(at: str, payload: bytes) -> None:
     event = stored(at=at, payload=payload)
     assert join_records([event], OWN_EVENT_CLASSES, refuse) == jsonl_record(event)
+
+
+@pytest.mark.parametrize("payload", [b"1e99", b"-1" + b"0" * 199 + b".5E+99", b"[0.5e-9]"])
+def test_numbers_within_a_doubles_range_are_written_in_c(payload: bytes) -> None:
+    assert join_records([stored(payload=payload)], OWN_EVENT_CLASSES, refuse) == jsonl_record(
+        stored(payload=payload))
+
+
+def _frames_below() -> int:
+    frame, n = sys._getframe(), 0
+    while frame is not None:
+        frame, n = frame.f_back, n + 1
+    return n
+
+
+def test_c_and_python_agree_on_a_deep_out_of_range_number_near_the_recursion_limit() -> None:
+    """orjson refuses 1e400 and Python's strict decoder, recursing once a level,
+    decides: called with few frames left it calls the payload invalid. The C
+    path leaves such numbers to Python, so the two paths still agree."""
+    event = stored(payload=b"[" * 60 + b"1e400" + b"]" * 60)
+
+    def down(n: int) -> tuple[bytes, bytes]:
+        return down(n - 1) if n else (c_page([event]), python_page([event]))
+
+    c, python = down(sys.getrecursionlimit() - _frames_below() - 40)
+    assert c == python
+
+
+def test_a_str_subclass_id_does_not_change_the_record_of_the_plain_id_after_it() -> None:
+    class Odd(str):
+        def encode(self, *args: object, **kwargs: object) -> bytes:  # type: ignore[override]
+            return b"spoofed"
+
+    plain = "a-run-id-seen-first-as-a-subclass"
+    python_page([stored(seq=1, run_id=Odd(plain))])
+    later = stored(seq=2, run_id=plain)
+    assert b'"run_id":"a-run-id-seen-first-as-a-subclass"' in python_page([later])
+    assert c_page([later]) == python_page([later])
 
 
 def test_a_subclass_of_event_is_left_to_python_whatever_its_fields() -> None:
