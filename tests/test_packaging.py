@@ -1,8 +1,12 @@
 """The install that `make test` and CI make: every dependency pinned, each pin
-inside pyproject.toml's range, and the running environment built from them."""
+inside pyproject.toml's range, the running environment built from them, and
+the one C module built where a compiler is."""
 
 from __future__ import annotations
 
+import shlex
+import shutil
+import sysconfig
 import tomllib
 from importlib import metadata
 from pathlib import Path
@@ -10,6 +14,8 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
+
+from agentrt import trace
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,3 +57,17 @@ def test_the_license_is_declared_as_spdx_with_its_text() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["license"] == "MIT"
     assert all((ROOT / f).is_file() for f in project["license-files"])
+
+
+def test_the_c_record_writer_is_built_where_a_compiler_is() -> None:
+    """agentrt._jsonlpage is optional at install; where a compiler is, a missing
+    module is a failed build, and the JSONL export would be 2.5x slower."""
+    compiler = shlex.split(sysconfig.get_config_var("CC") or "cc")[0]
+    try:
+        from agentrt._jsonlpage import join_records
+    except ImportError:
+        assert shutil.which(compiler) is None, (
+            f"agentrt._jsonlpage was not built although {compiler} is here: see pip's output")
+        assert trace._join_records is None
+    else:
+        assert trace._join_records is join_records
