@@ -9,7 +9,9 @@ exporter:
   (bidi overrides) or hide characters.
 * :func:`jsonl` writes :func:`jsonl_record`, the one JSON Lines record. The
   export sink (:class:`agentrt_export.JSONLSink`) writes the same function's
-  bytes, so a live trace and a later export of the same events are identical.
+  bytes, so a live trace and a later export of the same events are identical,
+  but for a payload over 64 Ki characters: the export reads it capped, as the
+  truncation object, while the live trace writes the payload it was given.
 
 Streams may be binary or text. Binary (``sys.stdout.buffer``, a file opened
 ``"wb"``) is preferred: the bytes written are exactly the record's, with no

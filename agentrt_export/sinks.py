@@ -87,7 +87,9 @@ def _drops_short_writes(under: object) -> bool:
 
 class JSONLSink:
     """Writes one JSON Lines record per event, the same bytes a live
-    :func:`agentrt.trace.jsonl` observer writes for it.
+    :func:`agentrt.trace.jsonl` observer writes for it (but for a payload over
+    64 Ki characters, which a follower's capped read delivers as the
+    truncation object, while a live trace writes it whole).
 
     Prefer a binary stream (``sys.stdout.buffer``): records go out exactly as
     built. A text stream works too, with its encoding and newline handling.
@@ -175,6 +177,8 @@ class JSONLSink:
         raises :class:`~agentrt_export.follower.PartialPage` saying how many,
         so the cursor moves past them and a restart writes none of them twice.
         """
+        if not isinstance(events, (list, tuple)):
+            events = list(events)  # an iterator would be empty when counted after a failure
         data, held = jsonl_page(events), 0
         if not self._mended:
             data, held = self._mend(data)

@@ -440,6 +440,25 @@ def test_jsonl_sink_output_equals_the_live_trace_observer(db_path):
     assert b'"<b>&"' in exported.getvalue()
 
 
+def test_a_payload_over_the_cap_is_whole_in_the_live_trace_and_truncated_in_the_export(db_path):
+    from agentrt import trace
+
+    live = io.BytesIO()
+    store = open_store(db_path)
+    with store.tx(trace.jsonl(live)) as tx:
+        tx.execute("INSERT INTO runs (id, goal, status, limits_json, created_at) "
+                   "VALUES ('r', 'g', 'RUNNING', '{}', 'x')")
+        tx.append("r", "", datetime.now(UTC), "run.created", {"text": "x" * 70000})
+    exported = io.BytesIO()
+    Follower(open_existing(db_path), once=True).follow(JSONLSink(exported))
+    whole, capped = json.loads(live.getvalue()), json.loads(exported.getvalue())
+    assert whole["payload"] == {"text": "x" * 70000}
+    assert capped["payload"]["truncated"] is True
+    assert capped["payload"]["length"] == len(json.dumps(whole["payload"], separators=(",", ":")))
+    assert {k: v for k, v in capped.items() if k != "payload"} == {
+        k: v for k, v in whole.items() if k != "payload"}
+
+
 def test_a_failing_jsonl_stream_stops_the_follower(db_path):
     make_db(db_path)
 

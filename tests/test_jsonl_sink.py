@@ -196,3 +196,32 @@ def test_jsonl_sink_mends_only_a_regular_file_it_writes_at_the_end_of(tmp_path):
     text.write('{"torn"')
     JSONLSink(text).handle_page(EVENTS[:1])  # a text stream is written as it is
     assert text.getvalue() == '{"torn"' + record.decode()
+
+
+_PAGE_OVER_A_FULL_DISK = """
+import resource, sys
+from agentrt.events import Event
+from agentrt_export import JSONLSink
+from agentrt_export.follower import PartialPage
+resource.setrlimit(resource.RLIMIT_FSIZE, (450, 450))  # a disk full after 450 bytes
+events = [Event(i, "run-1", "step-1", "2026-10-01T09:00:00Z", "step.decided",
+                b'{"i":%d,"text":"abcdefghijklmnopqrstuvwxyz"}' % i) for i in range(1, 11)]
+page = {"list": events, "generator": (e for e in events), "map": map(lambda e: e, events)}
+try:
+    JSONLSink(open(sys.argv[1], "ab")).handle_page(page[sys.argv[2]])
+except PartialPage as exc:
+    print(exc.accepted)
+"""
+
+
+@pytest.mark.parametrize("kind", ["list", "generator", "map"])
+def test_a_page_given_as_any_iterable_counts_the_whole_records_a_full_disk_took(
+        tmp_path: Path, kind: str) -> None:
+    """A wrapping sink may pass a page on lazily (map(redact, events)); the
+    records that reached the file still move the cursor past them."""
+    out = tmp_path / "out.jsonl"
+    done = subprocess.run([sys.executable, "-c", _PAGE_OVER_A_FULL_DISK, str(out), kind],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["3"]
+    assert out.read_bytes().count(b"\n") == 3
