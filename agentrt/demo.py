@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import subprocess
 import sys
 from datetime import timedelta
@@ -82,10 +83,12 @@ _GOAL = "deploy the service to staging"
 
 
 def _is_demos(path: str) -> bool:
-    """Whether ``path`` holds nothing but what a demo writes: no table but the
-    runtime's (as any schema version made them; none, for a demo that stopped
-    part-way), and no run but the demo's. Read raw, so that a demo database an
-    older agentrt made is still recognised."""
+    """Whether ``path`` holds nothing but what a demo writes: no table at all
+    (a demo that stopped before its schema), or the runtime's tables only (as
+    any schema version made them) with at least one run, every run the demo's
+    goal and every tool spec one of the demo's tools. A goal alone is not
+    enough: the docs use the demo's goal in their own examples. Read raw, so
+    that a demo database an older agentrt made is still recognised."""
     try:
         conn = connect(sqlite_uri(path, {"mode": "ro"}), write=False)
     except apsw.Error:
@@ -98,12 +101,16 @@ def _is_demos(path: str) -> bool:
                 "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\'")}
             if not tables:
                 return True
-            row = conn.execute("SELECT count(*), count(*) FILTER (WHERE goal IS NOT ?) "
-                               "FROM runs", (_GOAL,)).fetchone()
-        except (AgentrtError, apsw.Error):
+            if not tables <= {*RUNTIME_TABLES, "schema_migrations"}:
+                return False
+            runs, others = conn.execute("SELECT count(*), count(*) FILTER (WHERE goal IS NOT ?) "
+                                        "FROM runs", (_GOAL,)).fetchone()
+            tools = {r[0] for r in conn.execute(
+                "SELECT CASE WHEN json_valid(spec_json) THEN json_extract(spec_json, '$.name') "
+                "END FROM tool_specs")}
+        except (AgentrtError, apsw.Error, TypeError, ValueError):
             return False
-    known = {*RUNTIME_TABLES, "schema_migrations"}
-    return row is not None and row[1] == 0 and tables <= known
+    return runs > 0 and others == 0 and tools <= {t.spec().name for t in demo_tools()}
 
 
 def _remove(path: str) -> None:
@@ -140,7 +147,7 @@ def _command(prog: str, args: list[str], head: int = 0) -> None:
     from agentrt.clitools import run_click
     from agentrt_export.cli import cli as export_cli
 
-    shown = " ".join(args) + (f" | head -n {head}" if head else "")
+    shown = " ".join(map(shlex.quote, args)) + (f" | head -n {head}" if head else "")
     print(f"$ {prog} {shown}", flush=True)
     group = agentrt_cli if prog == "agentrt" else export_cli
     if not head:
@@ -164,8 +171,20 @@ def _print(path: str, run: Run) -> None:
     _command("agentrt-export", ["jsonl", "--db", path], head=4)
 
 
+_USAGE = ("usage: python -m agentrt.demo [PATH]\n"
+          "  records a scripted run into PATH (default demo.db), then shows it through\n"
+          "  agentrt and agentrt-export; it replaces only a database an earlier demo made\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] in (["-h"], ["--help"]):
+        sys.stdout.write(_USAGE)
+        return 0
+    if len(args) > 1 or (args and args[0].startswith("-")):
+        print(f"demo: {' '.join(map(shlex.quote, args))}: the demo takes one argument, the "
+              "database path (./-name for a file whose name starts with -)", file=sys.stderr)
+        return 2
     path = args[0] if args else "demo.db"
     try:
         store, run = run_demo(path)
@@ -180,8 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _print(path, run)
         bin_dir = os.path.relpath(os.path.dirname(sys.executable))
-        print(f"recorded in {path}; look again with: {os.path.join(bin_dir, 'agentrt')} "
-              f"--db {path} runs  (or: source {os.path.join(bin_dir, 'activate')})", flush=True)
+        print(f"recorded in {path}; look again with: "
+              f"{shlex.quote(os.path.join(bin_dir, 'agentrt'))} --db {shlex.quote(path)} runs  "
+              f"(or: source {shlex.quote(os.path.join(bin_dir, 'activate'))})", flush=True)
     except BrokenPipeError:  # `make demo | head`: the reader has what it wanted
         silence_stdout()
     except OSError as exc:  # a full disk, a closed stdout

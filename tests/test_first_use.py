@@ -151,3 +151,56 @@ def test_a_trace_observer_refuses_a_gzip_file_opened_for_reading(tmp_path):
         pass
     with gzip.open(path, "rb") as stream, pytest.raises(ValueError, match="for reading only"):
         trace.jsonl(stream)
+
+
+def test_the_demo_does_not_delete_a_database_whose_run_has_its_goal_but_tools_of_its_own(
+        tmp_path):
+    """The docs use the demo's goal in their examples: a goal is no proof."""
+    from datetime import timedelta
+
+    from agentrt import Decision, Limits
+    from agentrt.driver import DefaultPolicy, Driver, FuncTool, ToolResult
+    from agentrt.testing import ScriptedAgent
+
+    path = str(tmp_path / "runs.db")
+    tools = [FuncTool("ship", lambda call: ToolResult(b"{}", "shipped"), side_effect="read_only",
+                      timeout=timedelta(seconds=5), input_schema='{"type":"object"}')]
+    with open_store(path) as store:
+        agent = ScriptedAgent([Decision.tool_call("ship", "{}"), Decision.complete("{}")])
+        Driver(store, agent, DefaultPolicy(), tools).start(
+            "deploy the service to staging",
+            Limits(max_steps=10, max_consecutive_tool_failures=3, loop_threshold=3))
+    assert "is not an earlier demo's database" in _refused_and_left_as_it_was(path)
+
+
+def test_the_demo_does_not_delete_a_database_created_for_a_program_that_has_no_run_yet(tmp_path):
+    path = str(tmp_path / "app.db")
+    open_store(path).close()
+    assert "is not an earlier demo's database" in _refused_and_left_as_it_was(path)
+
+
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_the_demo_prints_its_usage_for_help_and_records_nothing(tmp_path, flag):
+    done = subprocess.run([sys.executable, "-m", "agentrt.demo", flag], cwd=tmp_path,
+                          env=child_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    assert done.stdout.startswith("usage: python -m agentrt.demo [PATH]")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args", [["--db"], ["a.db", "b.db"]])
+def test_the_demo_refuses_an_option_or_a_second_path_as_usage_and_records_nothing(tmp_path, args):
+    done = subprocess.run([sys.executable, "-m", "agentrt.demo", *args], cwd=tmp_path,
+                          env=child_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "the demo takes one argument, the database path" in done.stderr
+    assert done.stderr.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_demo_quotes_a_path_with_a_space_in_the_commands_it_shows(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "agentrt.demo", "my demo.db"], cwd=tmp_path,
+                          env=child_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "$ agentrt --db 'my demo.db' runs" in done.stdout
+    assert "--db 'my demo.db' runs  (or: source" in done.stdout.strip().splitlines()[-1]

@@ -328,3 +328,15 @@ def test_a_restart_after_every_event_gives_exactly_the_golden_spans(
     got = restarted(store, events, list(range(1, len(events))))
     assert len(got) == len(golden_spans())
     assert distinct(got) == golden_spans()
+
+
+def test_generating_into_a_path_that_is_a_file_says_so_in_one_sentence(tmp_path: Path) -> None:
+    target = tmp_path / "runs.db"
+    target.write_bytes(b"not a directory")
+    done = subprocess.run([sys.executable, "-m", "fixtures.generate", str(target)],
+                          capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
+                          env=child_env())
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"fixtures: cannot write into {target}: ")
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert target.read_bytes() == b"not a directory"
