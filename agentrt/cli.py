@@ -128,6 +128,13 @@ def settings(db: str | None, as_json: bool) -> Settings:
     return Settings(path, as_json or bool(outer.get("as_json")))
 
 
+def named_run(run_id: str) -> None:
+    """Refuse an empty RUN before the database is opened: ``agentrt show "$RUN"``
+    with $RUN unset names no run, and "not found: run " would say nothing."""
+    if not run_id:
+        raise click.UsageError("RUN is empty: name the run, as agentrt runs prints it")
+
+
 def operator_name(by: str | None) -> str:
     """Who decides: ``--by``, which must name someone, else ``$USER`` unless blank."""
     if by is not None:
@@ -466,6 +473,7 @@ def _reason(store: Store, a: Approval) -> str:
 @output_options
 def show(run_id: str, limit: int, offset: int, db: str | None, as_json: bool) -> None:
     """Show a run: its state, the approval it waits on, and its steps."""
+    named_run(run_id)
     s = settings(db, as_json)
     out = Out()
     with opened(s, echoed=(run_id,)) as store:
@@ -550,6 +558,7 @@ def events(run_id: str, limit: int, offset: int, db: str | None, as_json: bool) 
     The same two renderings as the trace observers, so what an operator reads
     afterwards is what a live trace printed.
     """
+    named_run(run_id)
     s = settings(db, as_json)
     out = Out()
     with opened(s, echoed=(run_id,)) as store:
@@ -588,21 +597,29 @@ def _confirm(verb: str, a: Approval) -> bool | None:
     terminal that hung up), which is the refusal for want of consent (the
     spec's "EOF before an answer = same refusal"), not a typed no. Ctrl-C at the
     prompt is a failure that says nothing was decided (click's own "aborted"
-    would leave the operator to wonder)."""
+    would leave the operator to wonder). A closed stderr (``2>&-``: Python has
+    no ``sys.stderr`` then) cannot show the prompt, so no answer is asked for:
+    the same refusal. An answer that is not valid UTF-8 is not y or yes: a no."""
+    if sys.stderr is None:
+        return None
+    stderr = sys.stderr
     try:
-        sys.stderr.write(f"{verb} approval {sanitize(view.echo(a.id))} of run "
-                         f"{sanitize(view.echo(a.run_id))}? [y/N] ")
-        sys.stderr.flush()
+        stderr.write(f"{verb} approval {sanitize(view.echo(a.id))} of run "
+                     f"{sanitize(view.echo(a.run_id))}? [y/N] ")
+        stderr.flush()
         answer = sys.stdin.readline()
     except KeyboardInterrupt:
-        sys.stderr.write("\n")
+        with contextlib.suppress(OSError):
+            stderr.write("\n")
         raise click.ClickException(
             f"{verb}: interrupted at the prompt; nothing was decided") from None
     except OSError:  # the terminal hung up (EIO): no answer came, as at its end
         answer = ""
+    except UnicodeDecodeError:  # typed, but not UTF-8 (a Latin-1 terminal's 'é')
+        return False
     if not answer:
         with contextlib.suppress(OSError):  # a terminal that hung up takes no more
-            sys.stderr.write("\n")  # nothing typed was echoed: end the prompt's line
+            stderr.write("\n")  # nothing typed was echoed: end the prompt's line
         return None
     return answer.strip().lower() in ("y", "yes")
 
@@ -662,6 +679,7 @@ def _show_before_deciding(out: Out, verb: str, block: Iterable[str]) -> None:
 
 def _decide(verb: str, run_id: str, approval_id: str | None, yes: bool, by: str | None,
             note: str, db: str | None, as_json: bool) -> None:
+    named_run(run_id)
     s = settings(db, as_json)
     who = operator_name(by)
     if approval_id is not None and not approval_id:
@@ -755,6 +773,7 @@ def cancel(run_id: str, by: str | None, note: str, db: str | None, as_json: bool
 
     A tool already running is not interrupted; its outcome is recorded late.
     """
+    named_run(run_id)
     s = settings(db, as_json)
     who = operator_name(by)
     out = Out()

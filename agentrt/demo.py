@@ -17,6 +17,7 @@ import shlex
 import subprocess
 import sys
 from datetime import timedelta
+from typing import cast
 
 import apsw
 
@@ -103,8 +104,9 @@ def _is_demos(path: str) -> bool:
                 return True
             if not tables <= {*RUNTIME_TABLES, "schema_migrations"}:
                 return False
-            runs, others = conn.execute("SELECT count(*), count(*) FILTER (WHERE goal IS NOT ?) "
-                                        "FROM runs", (_GOAL,)).fetchone()
+            counted = conn.execute("SELECT count(*), count(*) FILTER (WHERE goal IS NOT ?) "
+                                   "FROM runs", (_GOAL,)).fetchall()[0]
+            runs, others = cast(int, counted[0]), cast(int, counted[1])
             tools = {r[0] for r in conn.execute(
                 "SELECT CASE WHEN json_valid(spec_json) THEN json_extract(spec_json, '$.name') "
                 "END FROM tool_specs")}

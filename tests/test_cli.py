@@ -721,6 +721,56 @@ def test_bad_input_gets_one_sentence_an_exit_code_and_changes_nothing(
     assert snapshot(ops.path) == before
 
 
+@pytest.mark.parametrize("args", [
+    ["show", ""], ["events", ""], ["cancel", ""], ["approve", "", "--yes"],
+    ["reject", "", "--yes"], ["approve", "", "--approval", "{approval}"],
+], ids=["show", "events", "cancel", "approve", "reject", "approve-named"])
+@pytest.mark.parametrize("database", ["{db}", "{missing}"], ids=["present", "missing"])
+def test_an_empty_run_argument_is_a_usage_error_said_before_the_database_is_opened(
+        ops, tmp_path, args, database):
+    """``agentrt show "$RUN"`` with $RUN unset opened the database and said
+    ``error: agentrt: not found: run `` (nothing after "run", no fix), exit 1;
+    like an empty --db or --approval it is a usage error naming the argument,
+    checked before the database is opened (a missing one is not even looked at)."""
+    subs = {"{db}": ops.path, "{missing}": str(tmp_path / "missing.db"),
+            "{approval}": ops.approval}
+    before = snapshot(ops.path)
+    result = invoke("--db", subs[database], *[subs.get(a, a) for a in args])
+    assert result.code == 2, result.stderr
+    assert result.stderr.splitlines()[0] == (
+        "usage: RUN is empty: name the run, as agentrt runs prints it")
+    assert result.stdout == "" and "Traceback" not in result.stderr
+    assert snapshot(ops.path) == before
+    assert not os.path.exists(subs["{missing}"])
+
+
+def test_a_db_path_with_a_trailing_slash_after_a_file_is_not_called_a_directory(ops):
+    """``agentrt --db ops.db/ runs`` with ops.db a regular file said the path
+    "names a directory" and suggested ``ops.db/agentrt.db``, which cannot exist
+    under a file. It names the file followed by '/', and the fix is the path
+    without it."""
+    before = snapshot(ops.path)
+    result = invoke("--db", ops.path + "/", "runs")
+    assert result.code == 1, result.stderr
+    assert result.stderr == (
+        f"error: agentrt: open store: {ops.path}/ names the file {ops.path} followed by "
+        f"'/', which is not a directory: name the database file without the '/', "
+        f"{ops.path}\n")
+    assert snapshot(ops.path) == before
+
+
+def test_a_missing_db_path_with_a_trailing_slash_says_it_does_not_exist(tmp_path):
+    """``--db nothere/`` with nothing there was said to name a directory; the
+    reader says what it says of any missing path (docs/operator.md's table)."""
+    missing = str(tmp_path / "nothere") + "/"
+    result = invoke("--db", missing, "runs")
+    assert result.code == 1, result.stderr
+    assert result.stderr == (
+        f"error: agentrt: open store: {missing} does not exist; name an existing agentrt "
+        "database file\n")
+    assert os.listdir(tmp_path) == []
+
+
 def test_an_oversized_request_is_shown_by_its_identifying_fields_and_decided_whole(tmp_path):
     kit = Kit(str(tmp_path / "big.db"))
     waiting = kit.waiting(args=dumps({"env": "staging", "blob": "x" * 100_000}), history=False)

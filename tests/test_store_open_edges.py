@@ -167,7 +167,9 @@ def test_a_path_naming_a_directory_is_refused_by_both_openers_before_anything_is
     if exists:
         (tmp_path / "state").mkdir()
     listing = sorted(os.listdir(tmp_path))
-    for opener in (open_store, open_existing, lambda p: open_existing(p, read_only=False)):
+    # The readers create nothing: a missing path is one that does not exist (below).
+    openers = (open_store, open_existing, lambda p: open_existing(p, read_only=False))
+    for opener in openers if exists else openers[:1]:
         with pytest.raises(StoreOpenError) as info:
             opener(name)
         assert str(info.value) == (
@@ -176,6 +178,43 @@ def test_a_path_naming_a_directory_is_refused_by_both_openers_before_anything_is
         assert sorted(os.listdir(tmp_path)) == listing
         if exists:
             assert os.listdir(tmp_path / "state") == []
+
+
+@pytest.mark.parametrize("name", ["state/", "state//", "state/.", "./state/..", "/abs/state/"])
+@pytest.mark.parametrize("read_only", [True, False])
+def test_a_missing_path_ending_as_a_directory_does_not_exist_to_the_reader(
+        tmp_path, monkeypatch, name, read_only):
+    """open_existing creates nothing, so "names a directory" (and a made-up file
+    to name inside it) said of a path with nothing there was wrong: it does not
+    exist, as any missing path (docs/operator.md)."""
+    monkeypatch.chdir(tmp_path)
+    if name.startswith("/abs/"):
+        name = str(tmp_path) + name[len("/abs"):]
+    with pytest.raises(StoreOpenError) as info:
+        open_existing(name, read_only=read_only)
+    assert str(info.value) == (
+        f"agentrt: open store: {name} does not exist; name an existing agentrt database file")
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("tail", ["/", "//", "/.", "/.."])
+def test_a_file_followed_by_a_slash_is_refused_as_that_not_as_a_directory_by_both_openers(
+        tmp_path, monkeypatch, tail):
+    """``ops.db/`` with ops.db a regular file was said to name a directory, with
+    ``ops.db/agentrt.db`` to name instead, which cannot exist under a file."""
+    monkeypatch.chdir(tmp_path)
+    path = new_db(tmp_path, "ops.db")
+    before = file_state(path)
+    listing = sorted(os.listdir(tmp_path))
+    name = "ops.db" + tail
+    for opener in (open_store, open_existing, lambda p: open_existing(p, read_only=False)):
+        with pytest.raises(StoreOpenError) as info:
+            opener(name)
+        assert str(info.value) == (
+            f"agentrt: open store: {name} names the file ops.db followed by '{tail}', which "
+            f"is not a directory: name the database file without the '{tail}', ops.db")
+        assert sorted(os.listdir(tmp_path)) == listing
+        assert file_state(path) == before
 
 
 @pytest.mark.parametrize("target", ["state/", "state/.", "hop"])

@@ -232,23 +232,63 @@ def refuse_other_names(path: str) -> None:
             f"(find / -xdev -samefile {path}), or give this one a copy of its own")
 
 
-def refuse_directory_path(path: str) -> None:
+def refuse_directory_path(path: str, *, create: bool) -> None:
     """Refuse a path that can only name a directory ("state/", "state/.", ".."),
     itself or through the symbolic links it names, before anything is created:
     realpath drops that last part, so open_store would make a file named as
-    the directory is."""
+    the directory is. The sentence says what is there: a directory, or a file
+    followed by "/" (no file is a directory); where nothing is, the writer
+    (``create``) refuses the name all the same, and a reader, which creates
+    nothing, leaves it to the sentence for any path that does not exist."""
     name = path
     for _ in range(40):  # the kernel's own limit on links followed
         if os.path.basename(name) in ("", ".", ".."):
-            shown = path if name == path else f"{path} (a link to {name})"
-            raise StoreOpenError(
-                f"{shown} names a directory, not a database file: name the database file "
-                f"itself, such as {os.path.join(path, 'agentrt.db')}")
+            _refuse_directory_ending(path, name, create=create)
+            return
         try:
             target = os.readlink(name)
         except OSError:  # not a link (or nothing there yet): the name is what it says
             return
         name = os.path.join(os.path.dirname(name), target)
+
+
+def _refuse_directory_ending(path: str, name: str, *, create: bool) -> None:
+    """The refusal for ``path``, which (as ``name``, its links followed) ends as
+    only a directory's name can: see :func:`refuse_directory_path`."""
+    shown = path if name == path else f"{path} (a link to {name})"
+    try:
+        os.stat(name)
+    except OSError:
+        head, tail = _directory_ending(name)
+        try:
+            st: os.stat_result | None = os.stat(head) if tail else None
+        except OSError:
+            st = None
+        if st is not None and not stat.S_ISDIR(st.st_mode):
+            raise StoreOpenError(
+                f"{shown} names the file {head} followed by '{tail}', which is not a "
+                f"directory: name the database file without the '{tail}', {head}") from None
+        if not create:
+            return  # nothing there: the reader's next check says it does not exist
+    raise StoreOpenError(
+        f"{shown} names a directory, not a database file: name the database file "
+        f"itself, such as {os.path.join(path, 'agentrt.db')}")
+
+
+def _directory_ending(name: str) -> tuple[str, str]:
+    """``name`` split before its ending of separators, "." and "..":
+    ("ops.db", "/") for "ops.db/", ("ops.db", "/..") for "ops.db/..". The ending
+    is empty for a name that is all of it ("/", "..")."""
+    seps = os.sep + (os.altsep or "")
+    head = name
+    while True:
+        bare = head.rstrip(seps)
+        if bare and bare != head:
+            head = bare
+        elif os.path.basename(head) in (".", "..") and os.path.dirname(head):
+            head = os.path.dirname(head)
+        else:
+            return head, name[len(head):]
 
 
 def refuse_long_path(path: str) -> None:
@@ -601,7 +641,7 @@ def open_writer(path: str) -> tuple[apsw.Connection, apsw.Connection]:
     or view, a newer schema) come before the switch to WAL, the migrations
     and the tightening of modes.
     """
-    refuse_directory_path(path)
+    refuse_directory_path(path, create=True)
     refuse_long_path(path)
     # SQLite opens the file a symbolic link names and keeps its -wal, -shm and
     # -journal beside that file: the rules apply there.
@@ -640,7 +680,7 @@ def open_writer(path: str) -> tuple[apsw.Connection, apsw.Connection]:
 
 def open_reader(path: str, read_only: bool) -> tuple[apsw.Connection, apsw.Connection | None]:
     """``open_existing``'s connections; a writer also gets the lease connection."""
-    refuse_directory_path(path)
+    refuse_directory_path(path, create=False)
     lstat_regular(path)
     refuse_long_path(path)
     secure_files(path, create=False, write=False)  # tightened below, once accepted
