@@ -42,6 +42,7 @@ from agentrt.render import (
     lease_line,
     run_header,
     run_row,
+    skipped_line,
     step_row,
     trailer,
 )
@@ -529,6 +530,10 @@ def show(run_id: str, limit: int, offset: int, db: str | None, as_json: bool) ->
                 after=lambda n, at, last: store.list_approvals_page(
                     run_id, ApprovalStatus.PENDING.value, n, at, after_id=last.id)[0])
             blocks = pending.pages()
+            skipped = skipped_line("pending approval", offset, pending.total)
+            if skipped is not None:  # the steps' offset pages these too (spec 14)
+                out.line()
+                out.line(skipped)
         for shown in blocks:
             reasons = store.approval_reasons(run_id, [a.id for a in shown])
             for a in shown:

@@ -212,6 +212,16 @@ def trailer(noun: str, offset: int, shown: int, total: int) -> str | None:
             f"(showing {shown} of {total})")
 
 
+def skipped_line(noun: str, offset: int, total: int) -> str | None:
+    """``... N <noun>(s) before --offset X; rerun without it to see them``, or None
+    when the page starts at the first: what an offset hides from a page read
+    alongside another (a run's pending approvals paged with its steps)."""
+    before = min(offset, total)
+    if before <= 0:
+        return None
+    return f"... {before} {noun}(s) before --offset {offset}; rerun without it to see them"
+
+
 # -- the run header --------------------------------------------------------------
 
 

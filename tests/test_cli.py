@@ -260,6 +260,25 @@ def test_show_lists_several_pending_approvals_each_in_its_block(ops, monkeypatch
     assert "waiting_approval" not in doc and "pending_approval_id" not in doc["run"]
 
 
+def test_show_says_how_many_pending_approvals_an_offset_skips(ops):
+    """Spec 14 pages a run's pending approvals with its steps' offset: the run
+    waits on them, so a line says what the offset left out."""
+    with ops.kit.store.tx() as tx:
+        tx.execute("INSERT INTO approvals (id, run_id, step_id, kind, capability_json, "
+                   "presentation_json, request_json, hash, status, created_at) "
+                   "SELECT 'second', run_id, step_id, kind, capability_json, presentation_json, "
+                   "request_json, hash, status, created_at FROM approvals WHERE id = ?",
+                   (ops.approval,))
+    skipped = run(ops, "show", ops.waiting, "--offset", "2").stdout
+    assert "APPROVAL WAITING" not in skipped
+    assert ("... 2 pending approval(s) before --offset 2; rerun without it to see them"
+            in skipped.splitlines())
+    one = run(ops, "show", ops.waiting, "--offset", "1").stdout
+    assert one.count("APPROVAL WAITING  second") == 1
+    assert "... 1 pending approval(s) before --offset 1;" in one
+    assert "before --offset" not in run(ops, "show", ops.waiting).stdout
+
+
 # -- events --------------------------------------------------------------------------
 
 
