@@ -389,8 +389,26 @@ write_record(Buffer *b, PyObject *event)
     Py_ssize_t at_len = PyUnicode_GET_LENGTH(at);
     const unsigned char *json = (const unsigned char *)PyBytes_AS_STRING(payload);
     Py_ssize_t json_len = PyBytes_GET_SIZE(payload);
+#ifdef JSONLPAGE_EXACT_COPIES
+    /* A test build (tests/test_jsonl_page.py, under AddressSanitizer): parse
+     * copies with no byte after them, where a bytes or str object's own
+     * allocation holds a NUL that would hide a read one byte past its end. */
+    unsigned char *time_copy = malloc(at_len ? (size_t)at_len : 1);
+    unsigned char *json_copy = malloc(json_len ? (size_t)json_len : 1);
+    int usable = time_copy != NULL && json_copy != NULL;
+    if (usable) {
+        memcpy(time_copy, at_text, (size_t)at_len);
+        memcpy(json_copy, json, (size_t)json_len);
+        usable = stored_time(time_copy, at_len) && compact_json(json_copy, json_len);
+    }
+    free(time_copy);
+    free(json_copy);
+    if (!usable)
+        return 0;
+#else
     if (!stored_time(at_text, at_len) || !compact_json(json, json_len))
         return 0;
+#endif
 
     char seq_text[32];
     int seq_len = snprintf(seq_text, sizeof seq_text, "%lld", number);

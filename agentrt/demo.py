@@ -83,13 +83,19 @@ DEMO_SCRIPT = [
 _GOAL = "deploy the service to staging"
 
 
+#: The demo's file's ``PRAGMA application_id`` ("demo"), set before its schema:
+#: what tells a demo stopped before its run from a program's new database.
+_MARK = 0x64656D6F
+
+
 def _is_demos(path: str) -> bool:
     """Whether ``path`` holds nothing but what a demo writes: no table at all
     (a demo that stopped before its schema), or the runtime's tables only (as
-    any schema version made them) with at least one run, every run the demo's
-    goal and every tool spec one of the demo's tools. A goal alone is not
-    enough: the docs use the demo's goal in their own examples. Read raw, so
-    that a demo database an older agentrt made is still recognised."""
+    any schema version made them) and either no run and the demo's mark (a
+    demo stopped before its run) or runs that all have the demo's goal and
+    tool specs that are all the demo's tools. A goal alone is not enough: the
+    docs use the demo's goal in their own examples. Read raw, so that a demo
+    database an older agentrt made (without the mark) is still recognised."""
     try:
         conn = connect(sqlite_uri(path, {"mode": "ro"}), write=False)
     except apsw.Error:
@@ -107,12 +113,14 @@ def _is_demos(path: str) -> bool:
             counted = conn.execute("SELECT count(*), count(*) FILTER (WHERE goal IS NOT ?) "
                                    "FROM runs", (_GOAL,)).fetchall()[0]
             runs, others = cast(int, counted[0]), cast(int, counted[1])
+            if runs == 0:
+                return conn.execute("PRAGMA application_id").fetchall()[0][0] == _MARK
             tools = {r[0] for r in conn.execute(
                 "SELECT CASE WHEN json_valid(spec_json) THEN json_extract(spec_json, '$.name') "
                 "END FROM tool_specs")}
         except (AgentrtError, apsw.Error, TypeError, ValueError):
             return False
-    return runs > 0 and others == 0 and tools <= {t.spec().name for t in demo_tools()}
+    return others == 0 and tools <= {t.spec().name for t in demo_tools()}
 
 
 def _remove(path: str) -> None:
@@ -120,16 +128,33 @@ def _remove(path: str) -> None:
     (the path is the caller's choice: it may name their own database or notes)."""
     if (os.path.lexists(path) and not (os.path.isfile(path) and os.path.getsize(path) == 0)
             and not _is_demos(path)):
-        raise AgentrtError(f"{path} exists and is not an earlier demo's database; "
+        raise _NotTheDemos(f"{path} exists and is not an earlier demo's database; "
                            "name a new file (the demo replaces only its own)")
     for suffix in ("", "-wal", "-shm"):
         with contextlib.suppress(FileNotFoundError):
             os.remove(path + suffix)
 
 
+class _NotTheDemos(AgentrtError):
+    """The file at the demo's path is someone else's: said as it is."""
+
+
+def _mark(path: str) -> None:
+    """Create the demo's file, owner-only, with its mark, before open_store
+    makes its schema there: a demo stopped at any point after this leaves a
+    file the next demo knows as its own."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    conn = apsw.Connection(path)
+    try:
+        conn.execute(f"PRAGMA application_id = {_MARK}")
+    finally:
+        conn.close()
+
+
 def run_demo(path: str) -> tuple[Store, Run]:
     """Record the scenario into a fresh database at ``path``; return it and the run."""
     _remove(path)
+    _mark(path)
     store = open_store(path)
     driver = Driver(store, ScriptedAgent(DEMO_SCRIPT), DefaultPolicy(), demo_tools(),
                     lease_owner="demo")
@@ -190,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     path = args[0] if args else "demo.db"
     try:
         store, run = run_demo(path)
+    except _NotTheDemos as exc:
+        print(f"demo: {exc.detail}", file=sys.stderr)
+        return 1
     except (AgentrtError, OSError) as exc:
         print(f"demo: cannot record into {path}: {exc}", file=sys.stderr)
         return 1

@@ -204,3 +204,36 @@ def test_the_demo_quotes_a_path_with_a_space_in_the_commands_it_shows(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "$ agentrt --db 'my demo.db' runs" in done.stdout
     assert "--db 'my demo.db' runs  (or: source" in done.stdout.strip().splitlines()[-1]
+
+
+# A demo stopped after its schema and before its run: a full disk at the run's
+# insert (which the demo says in one sentence), or Ctrl-C there.
+_DEMO_STOPPED_BEFORE_ITS_RUN = r"""
+import sys, apsw
+import agentrt.driver.driver as driver
+def stop(*args, **kwargs):
+    raise {stop}
+driver.insert_run = stop
+from agentrt.demo import main
+sys.exit(main([sys.argv[1]]))
+"""
+
+
+@pytest.mark.parametrize("stop", ['apsw.FullError("database or disk is full")',
+                                  "KeyboardInterrupt"])
+def test_the_demo_replaces_the_database_of_a_demo_stopped_before_its_run(tmp_path, stop):
+    db = str(tmp_path / "demo.db")
+    first = subprocess.run(
+        [sys.executable, "-c", _DEMO_STOPPED_BEFORE_ITS_RUN.replace("{stop}", stop), db],
+        env=child_env(), capture_output=True, text=True, timeout=120)
+    assert first.returncode != 0 and os.path.getsize(db) > 0  # its schema is there
+    again = _demo(db)
+    assert again.returncode == 0, again.stderr
+
+
+def test_the_demo_refuses_a_file_of_someone_elses_in_one_plain_sentence(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    assert _refused_and_left_as_it_was(str(notes)) == (
+        f"demo: {notes} exists and is not an earlier demo's database; name a new file "
+        "(the demo replaces only its own)\n")

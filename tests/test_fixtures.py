@@ -340,3 +340,13 @@ def test_generating_into_a_path_that_is_a_file_says_so_in_one_sentence(tmp_path:
     assert done.stderr.startswith(f"fixtures: cannot write into {target}: ")
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert target.read_bytes() == b"not a directory"
+
+
+def test_generating_into_a_directory_sqlite_cannot_write_says_so_in_one_sentence() -> None:
+    """/proc/self is a directory nothing can be created in, even by root."""
+    done = subprocess.run([sys.executable, "-m", "fixtures.generate", "/proc/self"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
+                          env=child_env())
+    assert done.returncode == 1
+    assert done.stderr.startswith("fixtures: cannot write into /proc/self: ")
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr

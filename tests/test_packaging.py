@@ -71,3 +71,17 @@ def test_the_c_record_writer_is_built_where_a_compiler_is() -> None:
         assert trace._join_records is None
     else:
         assert trace._join_records is join_records
+
+
+def test_every_package_of_the_tree_is_in_the_distribution() -> None:
+    """A non-editable install (pip install .) carries only what pyproject names:
+    a subpackage left out installs an agentrt that cannot import itself."""
+    import setuptools
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = set(setuptools.find_packages(str(ROOT), **config["packages"]["find"]))
+    tree = {str(p.parent.relative_to(ROOT)).replace("/", ".")
+            for top in ("agentrt", "agentrt_export", "agentrt_otel")
+            for p in (ROOT / top).rglob("__init__.py")}
+    assert tree <= found, sorted(tree - found)
+    assert {"agentrt.store", "agentrt.driver", "agentrt.view"} <= found
