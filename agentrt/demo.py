@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import stat
 import subprocess
 import sys
 from datetime import timedelta
@@ -83,8 +84,9 @@ DEMO_SCRIPT = [
 _GOAL = "deploy the service to staging"
 
 
-#: The demo's file's ``PRAGMA application_id`` ("demo"), set before its schema:
-#: what tells a demo stopped before its run from a program's new database.
+#: The demo's file's ``PRAGMA application_id`` ("demo"), set once open_store has
+#: made its schema and before its run: what tells a demo stopped before its run
+#: from a program's new database.
 _MARK = 0x64656D6F
 
 
@@ -95,10 +97,14 @@ def _is_demos(path: str) -> bool:
     demo stopped before its run) or runs that all have the demo's goal and
     tool specs that are all the demo's tools. A goal alone is not enough: the
     docs use the demo's goal in their own examples. Read raw, so that a demo
-    database an older agentrt made (without the mark) is still recognised."""
+    database an older agentrt made (without the mark) is still recognised.
+    Only a regular file is read: a FIFO would hang the read, and a device or a
+    link is nobody's demo."""
     try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False
         conn = connect(sqlite_uri(path, {"mode": "ro"}), write=False)
-    except apsw.Error:
+    except (OSError, apsw.Error):
         return False
     with contextlib.closing(conn):
         try:
@@ -106,15 +112,17 @@ def _is_demos(path: str) -> bool:
             tables = {str(r[0]) for r in conn.execute(
                 "SELECT name FROM sqlite_schema WHERE type = 'table' "
                 "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\'")}
-            if not tables:
-                return True
+            marks = conn.execute("PRAGMA application_id").fetchall()[0][0], conn.execute(
+                "PRAGMA user_version").fetchall()[0][0]
+            if not tables:  # another program's new file says so in its header
+                return marks in ((0, 0), (_MARK, 0))
             if not tables <= {*RUNTIME_TABLES, "schema_migrations"}:
                 return False
             counted = conn.execute("SELECT count(*), count(*) FILTER (WHERE goal IS NOT ?) "
                                    "FROM runs", (_GOAL,)).fetchall()[0]
             runs, others = cast(int, counted[0]), cast(int, counted[1])
             if runs == 0:
-                return conn.execute("PRAGMA application_id").fetchall()[0][0] == _MARK
+                return marks[0] == _MARK
             tools = {r[0] for r in conn.execute(
                 "SELECT CASE WHEN json_valid(spec_json) THEN json_extract(spec_json, '$.name') "
                 "END FROM tool_specs")}
@@ -139,23 +147,17 @@ class _NotTheDemos(AgentrtError):
     """The file at the demo's path is someone else's: said as it is."""
 
 
-def _mark(path: str) -> None:
-    """Create the demo's file, owner-only, with its mark, before open_store
-    makes its schema there: a demo stopped at any point after this leaves a
-    file the next demo knows as its own."""
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    conn = apsw.Connection(path)
-    try:
-        conn.execute(f"PRAGMA application_id = {_MARK}")
-    finally:
-        conn.close()
+def _mark(store: Store) -> None:
+    """Mark the demo's new database as the demo's, before its run: a demo
+    stopped after this leaves a file the next demo knows as its own."""
+    store.db().execute(f"PRAGMA application_id = {_MARK}")
 
 
 def run_demo(path: str) -> tuple[Store, Run]:
     """Record the scenario into a fresh database at ``path``; return it and the run."""
     _remove(path)
-    _mark(path)
     store = open_store(path)
+    _mark(store)
     driver = Driver(store, ScriptedAgent(DEMO_SCRIPT), DefaultPolicy(), demo_tools(),
                     lease_owner="demo")
     limits = Limits(max_steps=20, max_consecutive_tool_failures=3, loop_threshold=3)

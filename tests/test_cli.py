@@ -778,6 +778,34 @@ def test_a_db_path_with_a_trailing_slash_after_a_file_is_not_called_a_directory(
     assert snapshot(ops.path) == before
 
 
+@pytest.mark.parametrize("kind", ["fifo", "device", "link"])
+def test_a_db_path_with_a_slash_after_something_not_a_regular_file_suggests_no_such_fix(
+        tmp_path, kind):
+    """Dropping the '/' from ``--db /dev/null/`` would be refused in turn (not a
+    regular file; a link, which the reader refuses): it is not offered."""
+    if kind == "fifo":
+        target = str(tmp_path / "pipe")
+        os.mkfifo(target)
+    elif kind == "device":
+        target = "/dev/null"
+    else:
+        (tmp_path / "real.db").write_bytes(b"")
+        target = str(tmp_path / "link.db")
+        os.symlink(tmp_path / "real.db", target)
+    result = invoke("--db", target + "/", "runs")
+    assert result.code == 1
+    assert result.stderr == (
+        f"error: agentrt: open store: {target}/ names {target} followed by '/', and "
+        f"{target} is not a directory: name the database file itself\n")
+
+
+@pytest.mark.parametrize("blank", [" ", "\t"])
+def test_a_blank_run_argument_is_a_usage_error_like_an_empty_one(ops, blank):
+    result = invoke("--db", ops.path, "show", blank)
+    assert result.code == 2
+    assert "RUN is blank: name the run, as agentrt runs prints it" in result.stderr
+
+
 def test_a_missing_db_path_with_a_trailing_slash_says_it_does_not_exist(tmp_path):
     """``--db nothere/`` with nothing there was said to name a directory; the
     reader says what it says of any missing path (docs/operator.md's table)."""

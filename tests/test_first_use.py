@@ -237,3 +237,48 @@ def test_the_demo_refuses_a_file_of_someone_elses_in_one_plain_sentence(tmp_path
     assert _refused_and_left_as_it_was(str(notes)) == (
         f"demo: {notes} exists and is not an earlier demo's database; name a new file "
         "(the demo replaces only its own)\n")
+
+
+@pytest.mark.parametrize("case", ["missing-parent", "trailing-slash", "empty"])
+def test_the_demo_says_a_path_it_cannot_record_into_as_the_store_says_it(tmp_path, case):
+    path = {"missing-parent": str(tmp_path / "nodir" / "demo.db"),
+            "trailing-slash": str(tmp_path / "newdir") + "/", "empty": ""}[case]
+    done = _demo(path, cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"demo: cannot record into {path}: agentrt: open store: ")
+    assert "[Errno" not in done.stderr and done.stderr.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_demos_database_is_owner_only_read_write_under_any_umask(tmp_path):
+    done = subprocess.run(["sh", "-c", 'umask 0277 && exec "$0" -m agentrt.demo "$1"',
+                           sys.executable, str(tmp_path / "demo.db")],
+                          env=child_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert os.stat(tmp_path / "demo.db").st_mode & 0o777 == 0o600
+
+
+def test_the_demo_does_not_delete_a_new_file_another_program_marked_as_its_own(tmp_path):
+    """A GeoPackage just created (its application_id and user_version set, no
+    table yet) is no demo's, though it has no table."""
+    path = tmp_path / "mine.gpkg"
+    conn = apsw.Connection(str(path))
+    conn.execute("PRAGMA application_id = 1196444487")  # 'GPKG'
+    conn.execute("PRAGMA user_version = 10300")
+    conn.close()
+    _refused_and_left_as_it_was(str(path))
+
+
+def test_the_demo_refuses_a_fifo_or_a_device_at_its_path(tmp_path):
+    import stat
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    done = _demo(str(fifo))  # a read of the FIFO would wait for a writer forever
+    assert done.returncode == 1 and "is not an earlier demo's database" in done.stderr
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    if os.geteuid() == 0:  # a copy of /dev/null's node, which reads as an empty database
+        node = tmp_path / "null"
+        os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        done = _demo(str(node))
+        assert done.returncode == 1 and stat.S_ISCHR(os.lstat(node).st_mode)

@@ -350,3 +350,34 @@ def test_generating_into_a_directory_sqlite_cannot_write_says_so_in_one_sentence
     assert done.returncode == 1
     assert done.stderr.startswith("fixtures: cannot write into /proc/self: ")
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+def test_generating_with_a_temporary_directory_sqlite_refuses_says_so_in_one_sentence(
+        tmp_path: Path) -> None:
+    """A TMPDIR too long for SQLite: open_store refuses the scratch database."""
+    scratch = str(tmp_path / "tmp")
+    while len(scratch) < 480:
+        scratch = os.path.join(scratch, "d" * 100)
+    os.makedirs(scratch)
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "fixtures.generate", str(out)],
+                          capture_output=True, text=True, timeout=180, cwd=REPO_ROOT,
+                          env=dict(child_env(), TMPDIR=scratch))
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"fixtures: cannot write into {out}: ")
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert not out.exists()  # made by this run, and empty again: removed
+
+
+def test_generating_onto_a_full_file_system_leaves_nothing_half_written(tmp_path: Path) -> None:
+    from store_helpers import tmpfs_mount
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    with tmpfs_mount(str(mount), size="64k"):
+        out = mount / "out"
+        done = subprocess.run([sys.executable, "-m", "fixtures.generate", str(out)],
+                              capture_output=True, text=True, timeout=300, cwd=REPO_ROOT,
+                              env=child_env())
+        assert done.returncode == 1 and "Traceback" not in done.stderr
+        assert not out.exists()

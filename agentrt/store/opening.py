@@ -265,9 +265,13 @@ def _refuse_directory_ending(path: str, name: str, *, create: bool) -> None:
         except OSError:
             st = None
         if st is not None and not stat.S_ISDIR(st.st_mode):
-            raise StoreOpenError(
-                f"{shown} names the file {head} followed by '{tail}', which is not a "
-                f"directory: name the database file without the '{tail}', {head}") from None
+            if stat.S_ISREG(os.lstat(head).st_mode):
+                raise StoreOpenError(
+                    f"{shown} names the file {head} followed by '{tail}', which is not a "
+                    f"directory: name the database file without the '{tail}', {head}") from None
+            raise StoreOpenError(  # a device, a FIFO, a link: not a database to suggest
+                f"{shown} names {head} followed by '{tail}', and {head} is not a "
+                "directory: name the database file itself") from None
         if not create:
             return  # nothing there: the reader's next check says it does not exist
     raise StoreOpenError(
