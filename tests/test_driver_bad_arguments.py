@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from _driver_kit import call, fixture_tools, limits, make, types
@@ -724,3 +726,50 @@ def test_fixture_tools_and_default_limits_still_run():
                           tools=fixture_tools())
     assert d.start("g", Limits(max_steps=5, max_consecutive_tool_failures=1,
                                loop_threshold=2)).status == "COMPLETED"
+
+
+# -- a class where an instance is meant -------------------------------------------
+
+
+class _AgentClass:
+    def decide(self, step: object) -> Decision:
+        return Decision.complete("{}")
+
+
+class _ModelClass:
+    def name(self) -> str:
+        return "m"
+
+    def generate(self, request: object, cancel: object) -> object:
+        raise AssertionError("never called")
+
+
+@pytest.mark.parametrize("which", ["agent", "policy", "model"])
+def test_a_class_given_for_an_instance_is_refused_before_a_run_is_written(which: str) -> None:
+    """``DefaultPolicy`` for ``DefaultPolicy()`` passes a check for its methods,
+    which then fail on every call: each start would store a FAILED run."""
+    store = open_store(":memory:")
+    agent: Any = _AgentClass if which == "agent" else (
+        ModelToolAgent() if which == "model" else _AgentClass())
+    policy: Any = DefaultPolicy if which == "policy" else DefaultPolicy()
+    with pytest.raises(ConfigError, match=f"{which} is the class .*: pass an instance"):
+        model: Any = ModelConfig(_ModelClass) if which == "model" else None
+        Driver(store, agent, policy, model=model).start("g")
+    assert store.list_runs() == []
+
+
+def test_a_cancel_token_takes_its_timeout_as_a_timedelta_too() -> None:
+    from agentrt.driver import CancelToken
+
+    token = CancelToken(timeout=timedelta(seconds=30))
+    assert token.deadline is not None and 29 < token.deadline - time.monotonic() <= 30
+
+
+@pytest.mark.parametrize("given", [{"deadline": "soon"}, {"timeout": "30"}, {"deadline": True}])
+def test_a_cancel_token_refuses_a_time_that_is_not_a_number_when_made(
+        given: dict[str, Any]) -> None:
+    from agentrt.driver import CancelToken
+
+    name = next(iter(given))
+    with pytest.raises(TypeError, match=f"CancelToken {name} is .*, not a"):
+        CancelToken(**given)

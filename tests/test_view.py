@@ -439,3 +439,15 @@ def test_bound_raw_refuses_what_is_not_bytes_in_one_sentence(raw):
     with pytest.raises(TypeError) as info:
         view.bound_raw(raw)
     assert str(info.value).startswith("agentrt: raw is ") and "not JSON as bytes" in str(info.value)
+
+
+@pytest.mark.parametrize("name,args", [
+    ("runs", ()), ("summary", ("r1",)), ("steps", ("r1",)), ("detail", ("r1",)),
+    ("runs_page", (10, 0)), ("summary_capped", ("r1",)), ("steps_page", ("r1", 10, 0)),
+    ("detail_page", ("r1", 10, 0)), ("pending_approval", ("r1",)), ("check_chain", ()),
+])
+def test_a_read_given_a_path_for_a_store_says_so_in_one_sentence(name, args):
+    with pytest.raises(TypeError) as raised:
+        getattr(view, name)("runs.db", *args)
+    assert str(raised.value) == ("agentrt: store is a str ('runs.db'), not a Store: open one "
+                                 "with open_existing(path)")

@@ -12,6 +12,9 @@ from __future__ import annotations
 import operator
 import threading
 import time
+from datetime import timedelta
+
+from agentrt.errors import described
 
 __all__ = ["CancelToken"]
 
@@ -25,7 +28,8 @@ class CancelToken:
 
     __slots__ = ("_cancelled", "_children", "_deadline", "_event", "_lock", "_reason")
 
-    def __init__(self, *, timeout: float | None = None, deadline: float | None = None) -> None:
+    def __init__(self, *, timeout: float | timedelta | None = None,
+                 deadline: float | None = None) -> None:
         # The Event exists only once someone waits: a tool call makes a token,
         # and most are never waited on.
         self._cancelled = False
@@ -33,8 +37,15 @@ class CancelToken:
         self._lock = threading.Lock()
         self._children: list[CancelToken] = []
         self._reason = ""
-        for name, value in (("timeout", timeout), ("deadline", deadline)):
-            if value is not None and value != value:  # NaN: not before, not after any instant
+        if isinstance(timeout, timedelta):  # as every other duration of the API is given
+            timeout = timeout.total_seconds()
+        for name, value, what in (("timeout", timeout, "a number of seconds or a timedelta"),
+                                  ("deadline", deadline, "a time.monotonic() reading")):
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"CancelToken {name} is {described(value)}, not {what}")
+            if value != value:  # NaN: not before, not after any instant
                 raise ValueError(f"CancelToken {name} is NaN, not a number of seconds")
         if timeout is not None:
             at = time.monotonic() + timeout

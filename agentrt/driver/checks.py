@@ -141,7 +141,12 @@ def check_callable(name: str, value: Any, expected: str, *, sync: bool = False) 
 
 def check_method(name: str, value: Any, methods: tuple[str, ...], expected: str,
                  hint: str = "") -> None:
-    """Refuse ``value`` unless each of ``methods`` is a callable attribute of it."""
+    """Refuse ``value`` unless each of ``methods`` is a callable attribute of it.
+    A class passes that test, though its methods would fail on every call
+    (``DefaultPolicy`` for ``DefaultPolicy()``): it is refused as such."""
+    if isinstance(value, type):
+        raise ConfigError(f"{name} is the class {value.__name__}, not {expected}: pass an "
+                          f"instance, such as {value.__name__}()")
     for method in methods:
         if not callable(getattr(value, method, None)):
             suffix = f"; {hint}" if hint and callable(value) else ""

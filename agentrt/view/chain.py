@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from agentrt.errors import NotFoundError, described
 from agentrt.store import Store, VerifyReport
+from agentrt.view.errors import require_store
 
 __all__ = ["ChainCheck", "KeptHead", "check_chain"]
 
@@ -89,6 +90,7 @@ def check_chain(store: Store, from_seq: int = 0, to_seq: int = 0,
                 kept: tuple[int, str] | None = None) -> ChainCheck:
     """Read the head, walk the chain from ``from_seq`` to ``to_seq`` (0: the head),
     and hold it to the kept head when one is given. Writes nothing."""
+    require_store(store)
     if kept is not None and not (isinstance(kept, tuple) and len(kept) == 2
                                  and isinstance(kept[0], int) and isinstance(kept[1], str)):
         raise TypeError(f"agentrt: kept is {described(kept)}, not a (seq, hash) pair: pass "

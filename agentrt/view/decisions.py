@@ -31,6 +31,7 @@ from agentrt.view.errors import (
     RunNotWaitingError,
     echo,
     echo_in,
+    require_store,
 )
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ def pending_approval(store: Store, run_id: str, approval_id: str = "") -> Approv
     names up to twenty of them so the operator can pick. Ids are quoted cut to
     :data:`~agentrt.view.errors.ECHO_CHARS` characters.
     """
+    require_store(store)
     run = store.get_run_capped(run_id)
     if run.status != RunStatus.WAITING_FOR_APPROVAL:
         raise RunNotWaitingError(

@@ -11,8 +11,16 @@ as the reference's wrapped errors do.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from pathlib import PurePath
 
-from agentrt.errors import AgentrtError, ApprovalExpiredError, NotPendingError, RunStateError
+from agentrt.errors import (
+    AgentrtError,
+    ApprovalExpiredError,
+    NotPendingError,
+    RunStateError,
+    described,
+)
+from agentrt.store import Store
 
 __all__ = [
     "ECHO_CHARS",
@@ -27,7 +35,16 @@ __all__ = [
     "ViewError",
     "echo",
     "echo_in",
+    "require_store",
 ]
+
+
+def require_store(store: object) -> None:
+    """Refuse what is not a Store (a database path, say) in one sentence, before
+    a read fails on it with an AttributeError naming a method."""
+    if not isinstance(store, Store):
+        hint = ": open one with open_existing(path)" if isinstance(store, (str, PurePath)) else ""
+        raise TypeError(f"agentrt: store is {described(store)}, not a Store{hint}")
 
 #: How much of a value (a run id, an approval id) an error quotes. An id the
 #: runtime makes is 32 characters; one typed or stored by anyone else may be

@@ -18,6 +18,7 @@ from typing import Any
 from agentrt.records import Approval, ApprovalStatus, Run, RunStatus, Step, Usage
 from agentrt.store import Store
 from agentrt.timefmt import ZERO_TIME, format_time_nano
+from agentrt.view.errors import require_store
 
 __all__ = [
     "RunDetail",
@@ -192,6 +193,7 @@ class RunDetailPage:
 
 def runs(store: Store) -> list[RunSummary]:
     """Every run, newest first, with its pending approval (two queries)."""
+    require_store(store)
     pending = store.pending_approval_ids()
     return [RunSummary.of(r, pending.get(r.id, ())) for r in store.list_runs()]
 
@@ -201,16 +203,19 @@ def _pending_of(approvals: Sequence[Approval]) -> list[Approval]:
 
 
 def summary(store: Store, run_id: str) -> RunSummary:
+    require_store(store)
     run = store.get_run(run_id)
     pending = _pending_of(store.list_approvals(run_id))
     return RunSummary.of(run, [a.id for a in pending])
 
 
 def steps(store: Store, run_id: str) -> list[StepSummary]:
+    require_store(store)
     return [StepSummary.of(s) for s in store.list_steps(run_id)]
 
 
 def detail(store: Store, run_id: str) -> RunDetail:
+    require_store(store)
     run = store.get_run(run_id)
     approvals = store.list_approvals(run_id)
     pending = _pending_of(approvals)
@@ -225,6 +230,7 @@ def detail(store: Store, run_id: str) -> RunDetail:
 
 def runs_page(store: Store, limit: int, offset: int) -> tuple[list[RunSummary], int]:
     """At most ``limit`` runs after ``offset``, newest first, and how many there are."""
+    require_store(store)
     page, total = store.list_runs_page(limit, offset)
     waiting = [r.id for r in page if r.status == RunStatus.WAITING_FOR_APPROVAL]
     pending = store.pending_approval_ids_of(waiting, _PENDING_PROBE) if waiting else {}
@@ -233,6 +239,7 @@ def runs_page(store: Store, limit: int, offset: int) -> tuple[list[RunSummary], 
 
 def summary_capped(store: Store, run_id: str) -> RunSummary:
     """One run through page reads: its text capped, at most two pending ids read."""
+    require_store(store)
     run = store.get_run_capped(run_id)
     pending: dict[str, list[str]] = {}
     if run.status == RunStatus.WAITING_FOR_APPROVAL:
@@ -242,6 +249,7 @@ def summary_capped(store: Store, run_id: str) -> RunSummary:
 
 def steps_page(store: Store, run_id: str, limit: int, offset: int) -> tuple[
         list[StepSummary], int]:
+    require_store(store)
     page, total = store.list_steps_page(run_id, limit, offset)
     return [StepSummary.of(s) for s in page], total
 
@@ -249,6 +257,7 @@ def steps_page(store: Store, run_id: str, limit: int, offset: int) -> tuple[
 def detail_page(store: Store, run_id: str, limit: int, offset: int) -> RunDetailPage:
     """A run read through page reads only: neither many rows nor a huge one can
     exhaust the reader. Raises NotFoundError for an unknown run."""
+    require_store(store)
     run = store.get_run_capped(run_id)
     step_page, steps_total = steps_page(store, run_id, limit, offset)
     pending, pending_total = store.list_approvals_page(
