@@ -508,3 +508,60 @@ def test_a_resume_refused_at_its_takeover_releases_nothing(monkeypatch):
         slow.resume("r")
     c.finish()
     assert raced and "slow" not in [owner.split("/")[0] for owner in released]
+
+
+_MODEL_CALL_IN_FLIGHT = r"""
+import sys, time
+from agentrt import Limits, Usage, open_store
+from agentrt.driver import DefaultPolicy, Driver, ModelConfig, ModelResponse
+from agentrt.testing import ModelToolAgent
+
+class Hanging:
+    def name(self):
+        return "m"
+    def generate(self, request, cancel):
+        open(sys.argv[2], "w").close()
+        time.sleep(60)
+
+Driver(open_store(sys.argv[1]), ModelToolAgent(), DefaultPolicy(), model=ModelConfig(Hanging()),
+       lease_ttl=0.5).start("g", Limits(10, 3, 3, max_model_calls=1), run_id="m1")
+"""
+
+
+def test_a_model_call_in_flight_at_a_crash_stays_dispatched_and_uncounted_as_in_the_reference(
+        tmp_path):
+    """Spec 8's takeover touches steps, not model calls: the attempt the dead
+    process sent stays ``dispatched``, is not added to the run's totals, and
+    so does not count against ``max_model_calls`` (docs/compatibility.md)."""
+    import signal
+
+    from eventdb import child_env
+
+    from agentrt.driver import ModelConfig, ModelResponse
+    from agentrt.records import Usage
+    from agentrt.testing import ModelToolAgent
+
+    db, marker = str(tmp_path / "m.db"), str(tmp_path / "sent")
+    child = subprocess.Popen([sys.executable, "-c", _MODEL_CALL_IN_FLIGHT, db, marker],
+                             env=child_env())
+    deadline = time.monotonic() + 30
+    while not os.path.exists(marker):
+        assert time.monotonic() < deadline and child.poll() is None
+        time.sleep(0.02)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    time.sleep(0.7)  # the dead driver's 0.5 s lease expires
+
+    class Replies:
+        def name(self) -> str:
+            return "m"
+
+        def generate(self, request, cancel):
+            return ModelResponse(text="hi", usage=Usage(1, 1))
+
+    store = open_store(db)
+    run = Driver(store, ModelToolAgent(), DefaultPolicy(), model=ModelConfig(Replies())).resume(
+        "m1")
+    calls = store.list_model_calls("m1")
+    assert [c.status for c in calls] == ["dispatched", "ok"]
+    assert run.model_calls == 1  # the second attempt only
