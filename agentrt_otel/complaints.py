@@ -165,6 +165,11 @@ class ExporterComplaints(logging.Handler):
             return f"{self._endpoint} refused them" if self._endpoint else ""
         return f"{self._endpoint}: {gist(self._last)}" if self._endpoint else gist(self._last)
 
+    def heard(self) -> bool:
+        """Whether the exporter complained since :meth:`clear`: an attempt still
+        running then got an answer (a refusal it is retrying after)."""
+        return bool(self._last)
+
     def too_large(self) -> bool:
         """Whether the last complaint says the collector refused a request for its size."""
         return says_too_large(self._last)

@@ -99,7 +99,9 @@ class Complaints(Protocol):
     """What the exporter said about an attempt that failed
     (:class:`agentrt_otel.complaints.ExporterComplaints`). One that also has
     ``retry_after()`` (seconds a throttling collector asked to wait, 0 for
-    none) has that wait honoured."""
+    none) has that wait honoured; one with ``heard()`` (whether the exporter
+    complained since ``clear()``) lets a stop during an attempt say the
+    refusal it was retrying after, rather than that nothing answered."""
 
     def clear(self) -> None:
         """Forget what was said before the next attempt."""
@@ -361,6 +363,13 @@ class OTelSink:
                         f"{self.pending} spans were not written whole: standard output took "
                         f"nothing more (its reader is not reading) {STOP_GRACE:g} s after "
                         "the stop")
+                heard = getattr(self._complaints, "heard", None)
+                if callable(heard) and heard():  # a refusal the exporter was retrying after
+                    why = self._complaints.reason()  # type: ignore[union-attr]
+                    raise ExportStopped(
+                        f"{self.pending} spans were not accepted: the collector refused them "
+                        f"({why}) and the exporter was still retrying {STOP_GRACE:g} s after "
+                        "the stop")
                 raise ExportStopped(f"{self.pending} spans were not accepted: the collector "
                                     f"had not answered {STOP_GRACE:g} s after the stop")
         if isinstance(outcome[0], BaseException):
@@ -386,13 +395,15 @@ class OTelSink:
         one line when it begins and one when the collector recovers."""
         while self._pending:
             batch = self._pending[0]
+            began = time.monotonic()  # an outage lasts from its first attempt's start
             ok, why = self._attempt(batch)
             if ok:
                 self._pending.pop(0)
                 self._exported += len(batch)
                 if self._failures:
                     _log.warning("otel: the collector accepted spans again after %d failed "
-                                 "attempts over %.1f s", self._failures,
+                                 "attempt%s over %.1f s", self._failures,
+                                 "s" if self._failures != 1 else "",
                                  time.monotonic() - self._outage_began)
                     self._failures = 0
                     self._failures_waited_out = False
@@ -402,7 +413,7 @@ class OTelSink:
             backoff, asked = self._backoff.delay(self._failures), self._retry_after()
             delay = max(backoff, asked)
             if not self._failures:
-                self._outage_began = time.monotonic()
+                self._outage_began = began
                 _log.warning("otel: exporting %d spans failed (%s); retrying with backoff, "
                              "the cursor stays before this page", len(batch), why)
             if asked > backoff and not self._failures_waited_out:

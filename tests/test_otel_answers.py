@@ -3,16 +3,19 @@ answer, seen through `agentrt-export otel` as a real process."""
 
 from __future__ import annotations
 
+import os
 import re
+import select
 import signal
 import ssl
+import subprocess
 import sys
 import threading
 import time
 from typing import Any
 
 import pytest
-from eventdb import child_env, child_process
+from eventdb import REPO_ROOT, child_env, child_process
 from otlp_receivers import GrpcReceiver, HttpReceiver
 from test_otel_cli import _stderr_until, expected_keys, received_keys, run_otel, scenario_db
 
@@ -252,3 +255,112 @@ def test_a_tls_failure_says_what_the_collector_wants(error, said):
     wrapped = requests.exceptions.SSLError(f"HTTPSConnectionPool(...): ({error!r})")
     wrapped.__context__ = error
     assert sentence(wrapped) == said
+
+
+def _read_stderr_until(proc: subprocess.Popen, marker: bytes, timeout: float = 30.0) -> bytes:
+    seen = b""
+    deadline = time.monotonic() + timeout
+    fd = proc.stderr.fileno()
+    while marker not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no {marker!r} in {seen!r}"
+        if select.select([fd], [], [], left)[0]:
+            chunk = os.read(fd, 4096)
+            assert chunk, f"stderr ended before {marker!r}: {seen!r}"
+            seen += chunk
+    return seen
+
+
+def _outage_then_recovery(tmp_path, first_attempt_s: float):
+    """A collector that does not answer the first request within the export
+    timeout (``first_attempt_s``), then answers at once: returns the stderr
+    and the wall time from the start of the first attempt to acceptance."""
+    db = str(tmp_path / "runs.db")
+    scenario_db(db)
+    env = child_env()
+    env["OTEL_EXPORTER_OTLP_TIMEOUT"] = str(int(first_attempt_s * 1000))
+    with HttpReceiver() as rx:
+        rx.hang = first_attempt_s + 1.0
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentrt_export.cli", "otel", "--db", db,
+             "--endpoint", rx.endpoint],
+            stderr=subprocess.PIPE, env=env, cwd=REPO_ROOT)
+        try:
+            while rx.arrived == 0:
+                time.sleep(0.01)
+            began = time.monotonic()
+            seen = _read_stderr_until(proc, b"retrying with backoff")
+            rx.hang = 0.0
+            rest = proc.communicate(timeout=60)[1]
+            took = time.monotonic() - began
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0
+    return (seen + rest).decode(), took
+
+
+def test_the_recovery_line_counts_the_outage_from_its_first_attempts_start(
+        tmp_path):
+    """docs/exporting.md: "An outage is one line on stderr when it begins ...
+    and one when the collector accepts spans again ... after 5 failed attempts
+    over 31.4 s". The clock starts only when the first attempt has failed
+    (transport.py sets _outage_began after it), so the time that attempt took
+    (up to the export timeout, 10 s by default; about 7 s of the SDK's own
+    retries against a refused connection) is left out: an outage of 4 s is
+    reported as about 1 s."""
+    stderr, took = _outage_then_recovery(tmp_path, first_attempt_s=3.0)
+    said = re.search(r"accepted spans again after \d+ failed attempts? over ([0-9.]+) s", stderr)
+    assert said, stderr
+    assert took >= 3.0
+    assert float(said.group(1)) >= 3.0, (
+        f"the outage lasted {took:.1f} s from its first attempt, but the line says "
+        f"{said.group(1)} s: {stderr}")
+
+
+def test_the_recovery_line_after_one_failed_attempt_is_singular(tmp_path):
+    """The stop line says "after 1 attempt" (transport.py pluralises it); the
+    recovery line says "after 1 failed attempts" (docs/exporting.md's example
+    shows the plural with 5)."""
+    stderr, _ = _outage_then_recovery(tmp_path, first_attempt_s=1.0)
+    assert "accepted spans again after 1 failed attempt over" in stderr, stderr
+
+
+@pytest.mark.parametrize("receiver_type", [HttpReceiver, GrpcReceiver])
+def test_a_stop_while_the_collector_refuses_says_its_refusal_not_that_it_had_not_answered(
+        tmp_path, receiver_type):
+    """A collector answering every request at once with HTTP 503. A SIGTERM
+    comes while the SDK exporter sleeps between its own retries (1, 2, 4 s
+    within its 10 s timeout): the attempt is given up after the stop grace
+    and the sentence says "the collector had not answered N s after the
+    stop" (transport.py, _export_unless_stopped), which is false: it
+    answered every request within milliseconds, with a refusal the operator
+    is never told about (no outage line is printed before the stop)."""
+    db, cursor = str(tmp_path / "runs.db"), tmp_path / "cursor"
+    scenario_db(db)
+    env = child_env()
+    env["AGENTRT_STOP_GRACE_S"] = "2"  # documented private shortening, for speed
+    with receiver_type() as rx:
+        rx.fail_next(10**6)  # 503 (gRPC UNAVAILABLE) to everything, at once
+        proto = "grpc" if receiver_type is GrpcReceiver else "http/protobuf"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentrt_export.cli", "otel", "--db", db,
+             "--endpoint", rx.endpoint, "--protocol", proto, "--cursor-file", str(cursor)],
+            stderr=subprocess.PIPE, env=env, cwd=REPO_ROOT)
+        try:
+            while rx.refused == 0:
+                time.sleep(0.01)
+            proc.send_signal(signal.SIGTERM)
+            err = proc.communicate(timeout=60)[1].decode()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        refused = rx.refused
+    assert proc.returncode == 0
+    assert not cursor.exists()
+    assert refused >= 2, (refused, err)  # the collector answered, more than once
+    assert "had not answered" not in err, err
+    # the cause the collector gave is said
+    assert ("503" in err) if receiver_type is HttpReceiver else ("UNAVAILABLE" in err), err
