@@ -147,17 +147,30 @@ class _NotTheDemos(AgentrtError):
     """The file at the demo's path is someone else's: said as it is."""
 
 
-def _mark(store: Store) -> None:
-    """Mark the demo's new database as the demo's, before its run: a demo
-    stopped after this leaves a file the next demo knows as its own."""
-    store.db().execute(f"PRAGMA application_id = {_MARK}")
+def _new_marked_store(path: str) -> Store:
+    """A new database at ``path`` (nothing is there: see :func:`_remove`), marked
+    as the demo's before its run, so that a demo stopped later leaves a file the
+    next demo knows as its own. Stopped before the mark (Ctrl-C, a full disk),
+    it removes the file it made, which holds nothing of anyone's yet."""
+    store: Store | None = None
+    try:
+        store = open_store(path)
+        store.db().execute(f"PRAGMA application_id = {_MARK}")
+        return store
+    except BaseException:
+        if store is not None:
+            with contextlib.suppress(Exception):
+                store.close()
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(OSError):
+                    os.remove(path + suffix)
+        raise
 
 
 def run_demo(path: str) -> tuple[Store, Run]:
     """Record the scenario into a fresh database at ``path``; return it and the run."""
     _remove(path)
-    store = open_store(path)
-    _mark(store)
+    store = _new_marked_store(path)
     driver = Driver(store, ScriptedAgent(DEMO_SCRIPT), DefaultPolicy(), demo_tools(),
                     lease_owner="demo")
     limits = Limits(max_steps=20, max_consecutive_tool_failures=3, loop_threshold=3)

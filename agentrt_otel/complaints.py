@@ -167,7 +167,8 @@ class ExporterComplaints(logging.Handler):
 
     def heard(self) -> bool:
         """Whether the exporter complained since :meth:`clear`: an attempt still
-        running then got an answer (a refusal it is retrying after)."""
+        running then met a failure it is retrying after (a refusal, a name that
+        did not resolve, a connection refused)."""
         return bool(self._last)
 
     def too_large(self) -> bool:

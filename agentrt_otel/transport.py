@@ -101,7 +101,7 @@ class Complaints(Protocol):
     ``retry_after()`` (seconds a throttling collector asked to wait, 0 for
     none) has that wait honoured; one with ``heard()`` (whether the exporter
     complained since ``clear()``) lets a stop during an attempt say the
-    refusal it was retrying after, rather than that nothing answered."""
+    failure it was retrying after, rather than that nothing answered."""
 
     def clear(self) -> None:
         """Forget what was said before the next attempt."""
@@ -313,6 +313,11 @@ class OTelSink:
 
     def _attempt(self, batch: list[ReadableSpan]) -> tuple[bool, str]:
         assert self._exporter is not None
+        if self._abandoned is not None:
+            # One attempt at a time on one exporter; and what the attempt given
+            # up at a stop says as it ends belongs to it, not to the next one.
+            self._abandoned.join()
+            self._abandoned = None
         if self._complaints is not None:
             self._complaints.clear()
         try:
@@ -339,9 +344,6 @@ class OTelSink:
         again by the next start, twice if the attempt succeeded late (at
         least once, as after a kill)."""
         assert self._exporter is not None
-        if self._abandoned is not None:
-            self._abandoned.join()  # one attempt at a time on one exporter
-            self._abandoned = None
         exporter, done = self._exporter, threading.Event()
         outcome: list[object] = []
 
@@ -364,12 +366,11 @@ class OTelSink:
                         f"nothing more (its reader is not reading) {STOP_GRACE:g} s after "
                         "the stop")
                 heard = getattr(self._complaints, "heard", None)
-                if callable(heard) and heard():  # a refusal the exporter was retrying after
+                if callable(heard) and heard():  # a failure the exporter was retrying after
                     why = self._complaints.reason()  # type: ignore[union-attr]
                     raise ExportStopped(
-                        f"{self.pending} spans were not accepted: the collector refused them "
-                        f"({why}) and the exporter was still retrying {STOP_GRACE:g} s after "
-                        "the stop")
+                        f"{self.pending} spans were not accepted: the exporter was still "
+                        f"retrying after {why}, {STOP_GRACE:g} s after the stop")
                 raise ExportStopped(f"{self.pending} spans were not accepted: the collector "
                                     f"had not answered {STOP_GRACE:g} s after the stop")
         if isinstance(outcome[0], BaseException):

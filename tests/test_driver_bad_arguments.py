@@ -773,3 +773,29 @@ def test_a_cancel_token_refuses_a_time_that_is_not_a_number_when_made(
     name = next(iter(given))
     with pytest.raises(TypeError, match=f"CancelToken {name} is .*, not a"):
         CancelToken(**given)
+
+
+class _StaticAgent:
+    """An agent kept as a class on purpose: its one method is static."""
+
+    @staticmethod
+    def decide(step: object) -> Decision:
+        return Decision.complete("{}")
+
+
+class _ClassPolicy:
+    """A policy as a class: evaluate is a classmethod."""
+
+    _inner = DefaultPolicy()
+
+    @classmethod
+    def evaluate(cls, request: Any, view: Any) -> Any:
+        return cls._inner.evaluate(request, view)
+
+
+@pytest.mark.parametrize("which", ["agent", "policy"])
+def test_a_class_whose_methods_are_static_or_class_methods_is_accepted(which: str) -> None:
+    store = open_store(":memory:")
+    agent: Any = _StaticAgent if which == "agent" else _StaticAgent()
+    policy: Any = _ClassPolicy if which == "policy" else DefaultPolicy()
+    assert Driver(store, agent, policy).start("g").status == "COMPLETED"

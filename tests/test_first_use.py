@@ -282,3 +282,28 @@ def test_the_demo_refuses_a_fifo_or_a_device_at_its_path(tmp_path):
         os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
         done = _demo(str(node))
         assert done.returncode == 1 and stat.S_ISCHR(os.lstat(node).st_mode)
+
+
+_DEMO_STOPPED_BEFORE_ITS_MARK = r"""
+import sys, apsw
+import agentrt.demo as demo
+from agentrt.store import Store
+def db(self):  # the schema is committed; the mark is the demo's first use of db()
+    raise {stop}
+Store.db = db
+sys.exit(demo.main([sys.argv[1]]))
+"""
+
+
+@pytest.mark.parametrize("stop", ['apsw.FullError("database or disk is full")',
+                                  "KeyboardInterrupt"])
+def test_a_demo_stopped_between_its_schema_and_its_mark_leaves_no_file_the_next_refuses(
+        tmp_path, stop):
+    db = str(tmp_path / "demo.db")
+    first = subprocess.run(
+        [sys.executable, "-c", _DEMO_STOPPED_BEFORE_ITS_MARK.replace("{stop}", stop), db],
+        env=child_env(), capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    assert first.returncode != 0
+    assert not os.path.lexists(db)  # it made the file and had put nothing of anyone's in it
+    again = _demo(db)
+    assert again.returncode == 0, again.stderr

@@ -381,3 +381,29 @@ def test_generating_onto_a_full_file_system_leaves_nothing_half_written(tmp_path
                               env=child_env())
         assert done.returncode == 1 and "Traceback" not in done.stderr
         assert not out.exists()
+
+
+def _generate_with_a_refused_temporary_directory(tmp_path: Path, out: Path) -> (
+        subprocess.CompletedProcess[str]):
+    scratch = str(tmp_path / "tmp")
+    while len(scratch) < 480:  # too long for SQLite: open_store refuses the scratch db
+        scratch = os.path.join(scratch, "d" * 100)
+    os.makedirs(scratch, exist_ok=True)
+    return subprocess.run([sys.executable, "-m", "fixtures.generate", str(out)],
+                          capture_output=True, text=True, timeout=180, cwd=REPO_ROOT,
+                          env=dict(child_env(), TMPDIR=scratch))
+
+
+def test_a_failed_generation_keeps_a_staged_file_it_did_not_make(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    theirs = out / "spans.json.tmp"
+    theirs.write_text("another generation's file\n")
+    assert _generate_with_a_refused_temporary_directory(tmp_path, out).returncode == 1
+    assert theirs.read_text() == "another generation's file\n"
+
+
+def test_a_failed_generation_removes_every_directory_it_created(tmp_path: Path) -> None:
+    out = tmp_path / "new" / "deeper" / "out"
+    assert _generate_with_a_refused_temporary_directory(tmp_path, out).returncode == 1
+    assert not (tmp_path / "new").exists()

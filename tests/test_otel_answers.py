@@ -362,5 +362,6 @@ def test_a_stop_while_the_collector_refuses_says_its_refusal_not_that_it_had_not
     assert not cursor.exists()
     assert refused >= 2, (refused, err)  # the collector answered, more than once
     assert "had not answered" not in err, err
+    assert "the exporter was still retrying after " in err, err
     # the cause the collector gave is said
     assert ("503" in err) if receiver_type is HttpReceiver else ("UNAVAILABLE" in err), err

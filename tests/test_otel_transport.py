@@ -310,3 +310,67 @@ def test_an_oserror_is_a_local_stream_failure_only_for_an_exporter_that_writes_o
     sink = OTelSink(exporter, backoff=FAST)
     sink.handle_page(events())
     assert len(exporter.calls) == 2 and sink.exported == 12
+
+
+def test_a_stop_sentence_does_not_take_the_abandoned_attempts_complaint_as_the_next_ones(
+        monkeypatch):
+    """A page handed in again after a stop: the attempt given up at the stop
+    logs its giving-up line as it ends, which is not the next attempt's (that
+    one heard nothing: the collector hangs)."""
+    import logging
+    import threading
+
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    import agentrt_otel.transport as transport
+    from agentrt_otel import ExportStopped, OTelSink
+    from agentrt_otel.complaints import ExporterComplaints
+    from agentrt_otel.testing import EventStream, scenario_completed
+
+    monkeypatch.setattr(transport, "STOP_GRACE", 0.3)
+    sdk = logging.getLogger("opentelemetry.exporter.otlp.proto.http.trace_exporter")
+    complaints = ExporterComplaints("http://collector:4318/v1/traces")
+    cleared = threading.Event()
+    real_clear = complaints.clear
+
+    def clear() -> None:
+        real_clear()
+        cleared.set()
+
+    complaints.clear = clear  # type: ignore[method-assign]
+    release = threading.Event()
+
+    class Exporter(SpanExporter):
+        calls = 0
+
+        def export(self, spans):
+            Exporter.calls += 1
+            if Exporter.calls == 1:  # refused, and the SDK retries past the stop
+                sdk.warning("Transient error Service Unavailable encountered while exporting "
+                            "span batch, retrying in 4.00s.")
+                cleared.clear()
+                cleared.wait(10)  # the SDK gives up at its deadline: here, after the next clear
+                sdk.error("Failed to export span batch due to timeout, max retries or shutdown.")
+                return SpanExportResult.FAILURE
+            release.wait(10)  # the collector now does not answer at all
+            return SpanExportResult.FAILURE
+
+        def shutdown(self):
+            pass
+
+    s = EventStream("r")
+    scenario_completed(s)
+    stop = threading.Event()
+    stop.set()
+    complaints.install()
+    try:
+        sink = OTelSink(Exporter(), stop=stop, complaints=complaints)
+        with pytest.raises(ExportStopped) as first:
+            sink.handle_page(s.events)
+        assert "still retrying after" in str(first.value)  # true: attempt 1 was refused
+        with pytest.raises(ExportStopped) as second:
+            sink.handle_page(s.events)
+    finally:
+        release.set()
+        complaints.uninstall()
+    assert "had not answered" in str(second.value), str(second.value)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import math
 import threading
+import types
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -142,9 +143,12 @@ def check_callable(name: str, value: Any, expected: str, *, sync: bool = False) 
 def check_method(name: str, value: Any, methods: tuple[str, ...], expected: str,
                  hint: str = "") -> None:
     """Refuse ``value`` unless each of ``methods`` is a callable attribute of it.
-    A class passes that test, though its methods would fail on every call
-    (``DefaultPolicy`` for ``DefaultPolicy()``): it is refused as such."""
-    if isinstance(value, type):
+    A class passes that test though a plain method of it fails on every call,
+    short of its instance (``DefaultPolicy`` for ``DefaultPolicy()``): that is
+    refused as such. A class of static or class methods works, and passes."""
+    if isinstance(value, type) and any(
+            isinstance(inspect.getattr_static(value, m, None), types.FunctionType)
+            for m in methods):
         raise ConfigError(f"{name} is the class {value.__name__}, not {expected}: pass an "
                           f"instance, such as {value.__name__}()")
     for method in methods:
