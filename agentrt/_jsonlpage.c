@@ -5,7 +5,7 @@
  * runtime's stored form and that its ids need no escapes). This module does
  * those checks and writes the record for an event in the runtime's own form;
  * for anything else (an id to escape, a time in another form, a payload that
- * is blank, not JSON, not compact, or merely unusual) it calls the Python
+ * is blank, not JSON, or merely unusual) it calls the Python
  * `jsonl_record` it is given, which stays the one definition of a record.
  * It therefore only ever says "this is what Python would write"; it never
  * decides that a payload is invalid. Tests hold the two paths byte-equal.
@@ -177,8 +177,26 @@ hex_digit(unsigned char c)
     return -1;
 }
 
+/* The code of the \uXXXX escape at p[i] (p[i] is '\\'), or -1. */
+static int
+escaped_code(const unsigned char *p, Py_ssize_t n, Py_ssize_t i)
+{
+    if (n - i < 6 || p[i + 1] != 'u')
+        return -1;
+    int code = 0;
+    for (int k = 2; k < 6; k++) {
+        int d = hex_digit(p[i + k]);
+        if (d < 0)
+            return -1;
+        code = code * 16 + d;
+    }
+    return code;
+}
+
 /* Move *at past the JSON string starting there (at a '"'); 0 when it is not
- * one, or holds an escaped surrogate (left to Python). */
+ * one, or holds an escaped surrogate that is not half of a pair (left to
+ * Python: orjson refuses it, the strict decoder takes it). A pair, as
+ * Python's json.dumps writes an emoji, is taken. */
 static int
 skip_string(const unsigned char *p, Py_ssize_t n, Py_ssize_t *at)
 {
@@ -206,18 +224,16 @@ skip_string(const unsigned char *p, Py_ssize_t n, Py_ssize_t *at)
             return 0;
         c = p[i + 1];
         if (c == 'u') {
-            if (n - i < 6)
-                return 0;
-            int code = 0;
-            for (int k = 2; k < 6; k++) {
-                int d = hex_digit(p[i + k]);
-                if (d < 0)
-                    return 0;
-                code = code * 16 + d;
-            }
-            if (code >= 0xd800 && code <= 0xdfff)
+            int code = escaped_code(p, n, i);
+            if (code < 0 || (code >= 0xdc00 && code <= 0xdfff))
                 return 0;
             i += 6;
+            if (code >= 0xd800 && code <= 0xdbff) {  /* its low half must follow */
+                int low = i < n && p[i] == '\\' ? escaped_code(p, n, i) : -1;
+                if (low < 0xdc00 || low > 0xdfff)
+                    return 0;
+                i += 6;
+            }
         }
         else if (strchr("\"\\/bfnrt", c) != NULL && c != '\0')
             i += 2;
@@ -286,16 +302,36 @@ skip_word(const unsigned char *p, Py_ssize_t n, Py_ssize_t *at, const char *word
     return 1;
 }
 
-/* Whether p[0:n] is one JSON value with no whitespace outside its strings,
- * nesting at most MAX_DEPTH deep: a payload the record embeds as it is. */
+static int
+is_space(unsigned char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+/* i moved past JSON whitespace, *spaced set when there was some. */
+static Py_ssize_t
+skip_space(const unsigned char *p, Py_ssize_t n, Py_ssize_t i, int *spaced)
+{
+    while (i < n && is_space(p[i])) {
+        i++;
+        *spaced = 1;
+    }
+    return i;
+}
+
+/* Whether p[0:n] is one JSON value nesting at most MAX_DEPTH deep: 1 when it
+ * has no whitespace outside its strings (the record embeds it as it is), 2
+ * when it has some (the record embeds it without, see put_compacted), 0 when
+ * it is not such a value (left to Python). */
 static int
 compact_json(const unsigned char *p, Py_ssize_t n)
 {
     char closers[MAX_DEPTH];
-    int depth = 0;
+    int depth = 0, spaced = 0;
     Py_ssize_t i = 0;
 
 value:
+    i = skip_space(p, n, i, &spaced);
     if (i >= n)
         return 0;
     switch (p[i]) {
@@ -304,7 +340,7 @@ value:
         if (depth == MAX_DEPTH)
             return 0;
         closers[depth++] = p[i] == '{' ? '}' : ']';
-        i++;
+        i = skip_space(p, n, i + 1, &spaced);
         if (i < n && p[i] == closers[depth - 1]) {
             depth--;
             i++;
@@ -336,16 +372,19 @@ value:
     }
 
 key:
+    i = skip_space(p, n, i, &spaced);
     if (i >= n || p[i] != '"' || !skip_string(p, n, &i))
         return 0;
+    i = skip_space(p, n, i, &spaced);
     if (i >= n || p[i] != ':')
         return 0;
     i++;
     goto value;
 
 after:
+    i = skip_space(p, n, i, &spaced);
     if (depth == 0)
-        return i == n;
+        return i == n ? 1 + spaced : 0;
     if (i >= n)
         return 0;
     if (p[i] == ',') {
@@ -360,6 +399,29 @@ after:
         goto after;
     }
     return 0;
+}
+
+/* Append p[0:n], a JSON value compact_json accepted, without the whitespace
+ * outside its strings: what jsonl_record's _compacted makes of it. Room for
+ * n bytes must have been reserved. */
+static void
+put_compacted(Buffer *b, const unsigned char *p, Py_ssize_t n)
+{
+    int in_string = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = p[i];
+        if (in_string) {
+            b->data[b->len++] = (char)c;
+            if (c == '\\')
+                b->data[b->len++] = (char)p[++i];  /* an escape's second byte: never the end */
+            else if (c == '"')
+                in_string = 0;
+        }
+        else if (!is_space(c)) {
+            b->data[b->len++] = (char)c;
+            in_string = c == '"';
+        }
+    }
 }
 
 /* Write the record of an event in the runtime's own form into b; 0 when the
@@ -395,20 +457,19 @@ write_record(Buffer *b, PyObject *event)
      * allocation holds a NUL that would hide a read one byte past its end. */
     unsigned char *time_copy = malloc(at_len ? (size_t)at_len : 1);
     unsigned char *json_copy = malloc(json_len ? (size_t)json_len : 1);
-    int usable = time_copy != NULL && json_copy != NULL;
-    if (usable) {
+    int form = 0;
+    if (time_copy != NULL && json_copy != NULL) {
         memcpy(time_copy, at_text, (size_t)at_len);
         memcpy(json_copy, json, (size_t)json_len);
-        usable = stored_time(time_copy, at_len) && compact_json(json_copy, json_len);
+        form = stored_time(time_copy, at_len) ? compact_json(json_copy, json_len) : 0;
     }
     free(time_copy);
     free(json_copy);
-    if (!usable)
-        return 0;
 #else
-    if (!stored_time(at_text, at_len) || !compact_json(json, json_len))
-        return 0;
+    int form = stored_time(at_text, at_len) ? compact_json(json, json_len) : 0;
 #endif
+    if (form == 0)
+        return 0;
 
     char seq_text[32];
     int seq_len = snprintf(seq_text, sizeof seq_text, "%lld", number);
@@ -431,7 +492,10 @@ write_record(Buffer *b, PyObject *event)
     put(b, type_key, sizeof type_key - 1);
     put(b, type, type_len);
     put(b, payload_key, sizeof payload_key - 1);
-    put(b, json, json_len);
+    if (form == 1)
+        put(b, json, json_len);
+    else
+        put_compacted(b, json, json_len);
     put(b, "}\n", 2);
     return 1;
 }

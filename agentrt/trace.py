@@ -383,8 +383,8 @@ except ImportError:  # installed without a C compiler: the same bytes, written s
 def jsonl_page(events: Sequence[Event]) -> bytes:
     """The records of ``events`` joined: the bytes of :func:`jsonl_record` for each.
 
-    Events in the runtime's own form (plain ids, a stored UTC time, a compact
-    JSON payload) are written by a small C module, five to six times faster;
+    Events in the runtime's own form (plain ids, a stored UTC time, a JSON
+    payload) are written by a small C module, five to six times faster;
     every other event by :func:`jsonl_record`, which the C path is held
     byte-equal to (``tests/test_jsonl_page.py``).
     """

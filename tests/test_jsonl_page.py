@@ -77,7 +77,8 @@ def test_a_record_in_the_runtimes_form_is_written_without_python() -> None:
     {"payload": b'"\xed\xa0\x80"'}, {"payload": b'"\xc0\xaf"'},
     {"payload": b'"\xe0\x80\xaf"'}, {"payload": b'"\xf0\x80\x80\xaf"'},
     {"payload": b'"\xf4\x90\x80\x80"'}, {"payload": b'"\xf0\x90'},
-    {"payload": b""}, {"payload": b'{"a": 1}'}, {"payload": b"nope"},
+    {"payload": b""}, {"payload": b" \n "}, {"payload": b"nope"},
+    {"payload": b'"\\udc00"'}, {"payload": b'"\\ud83d x"'}, {"payload": b'"\\ud83d\\u0041"'},
     {"payload": b'"\\ud800"'}, {"payload": b"[" * 65 + b"]" * 65},
     {"payload": b"[1e100]"}, {"payload": b"1" * 201}, {"payload": b"-1E-400"},
     {"seq": 2**64}, {"seq": True},
@@ -98,7 +99,9 @@ def test_an_event_in_another_form_is_left_to_python(change: dict[str, object]) -
 @pytest.mark.parametrize("at", ["2000-02-29T23:59:59Z", "0001-01-01T00:00:00Z",
                                 "9999-12-31T23:59:59.999999999Z", "2026-09-25T14:03:04.000000001Z"])
 @pytest.mark.parametrize("payload", [b'"\xed\x9f\xbf\xee\x80\x80"', b'"\xf4\x8f\xbf\xbf"',
-                                     b'"\xf0\x90\x80\x80\xc2\x80\x7f"', b"-0.5e+7"])
+                                     b'"\xf0\x90\x80\x80\xc2\x80\x7f"', b"-0.5e+7",
+                                     b'"\\ud83d\\ude00 \\uDBFF\\uDFFF"',
+                                     b' { "a" : [ 1 ,\t"x \\" y" ] }\r\n', b"[ ]", b"{\n}"])
 def test_the_edges_of_the_runtimes_form_are_written_in_c(at: str, payload: bytes) -> None:
     event = stored(at=at, payload=payload)
     assert join_records([event], OWN_EVENT_CLASSES, refuse) == jsonl_record(event)
