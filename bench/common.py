@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import itertools
+import json
 import os
 import shutil
 import statistics
@@ -351,11 +352,15 @@ def _record_template() -> list[tuple[str, list[TemplateEvent]]]:
             driver.resume(run_id)
             runs.append(run_id)
 
+            # Text beyond ASCII, as agents write it: arguments from json.dumps
+            # (an emoji as an escaped surrogate pair), a reply in UTF-8.
+            arguments = json.dumps({"path": "notes/réunion 🚀.md"}).encode()
             model = ScriptedModel([
                 rate_limited(),
-                ModelResponse(tool_uses=[ToolUse("t1", "read_file", b'{"path":"NOTES.md"}')],
+                ModelResponse(tool_uses=[ToolUse("t1", "read_file", arguments)],
                               usage=Usage(1200, 40)),
-                ModelResponse(text="the notes say: ship on Friday", usage=Usage(1350, 12, 900)),
+                ModelResponse(text="the notes say: ship on Friday — déjà vu ✅",
+                              usage=Usage(1350, 12, 900)),
             ])
             prices = {"scripted-model": Price(input=3_000_000, output=15_000_000,
                                               cached_input=300_000)}
