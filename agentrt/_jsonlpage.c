@@ -424,6 +424,43 @@ put_compacted(Buffer *b, const unsigned char *p, Py_ssize_t n)
     }
 }
 
+/* Append the record of checked fields to b (the payload as compact_json's
+ * form says); 1, or -1 on an error. */
+static int
+put_record(Buffer *b, long long number, const char *run_id, Py_ssize_t run_len,
+           const char *step_id, Py_ssize_t step_len, const unsigned char *at_text,
+           Py_ssize_t at_len, const char *type, Py_ssize_t type_len,
+           const unsigned char *json, Py_ssize_t json_len, int form)
+{
+    char seq_text[32];
+    int seq_len = snprintf(seq_text, sizeof seq_text, "%lld", number);
+    static const char seq_key[] = "{\"seq\":", run_key[] = ",\"run_id\":\"",
+        step_key[] = "\",\"step_id\":\"", at_key[] = "\",\"at\":\"",
+        type_key[] = "\",\"type\":\"", payload_key[] = "\",\"payload\":";
+    Py_ssize_t size = 80 + seq_len + run_len + step_len + at_len + type_len + json_len;
+    if (reserve(b, size) < 0)
+        return -1;
+    put(b, seq_key, sizeof seq_key - 1);
+    put(b, seq_text, seq_len);
+    put(b, run_key, sizeof run_key - 1);
+    put(b, run_id, run_len);
+    if (step_len) {
+        put(b, step_key, sizeof step_key - 1);
+        put(b, step_id, step_len);
+    }
+    put(b, at_key, sizeof at_key - 1);
+    put(b, at_text, at_len);
+    put(b, type_key, sizeof type_key - 1);
+    put(b, type, type_len);
+    put(b, payload_key, sizeof payload_key - 1);
+    if (form == 1)
+        put(b, json, json_len);
+    else
+        put_compacted(b, json, json_len);
+    put(b, "}\n", 2);
+    return 1;
+}
+
 /* Write the record of an event in the runtime's own form into b; 0 when the
  * event is not in that form (nothing written), -1 on an error. */
 static int
@@ -453,8 +490,9 @@ write_record(Buffer *b, PyObject *event)
     Py_ssize_t json_len = PyBytes_GET_SIZE(payload);
 #ifdef JSONLPAGE_EXACT_COPIES
     /* A test build (tests/test_jsonl_page.py, under AddressSanitizer): parse
-     * copies with no byte after them, where a bytes or str object's own
-     * allocation holds a NUL that would hide a read one byte past its end. */
+     * and copy out of copies with no byte after them, where a bytes or str
+     * object's own allocation holds a NUL that would hide a read one byte
+     * past its end. */
     unsigned char *time_copy = malloc(at_len ? (size_t)at_len : 1);
     unsigned char *json_copy = malloc(json_len ? (size_t)json_len : 1);
     int form = 0;
@@ -464,40 +502,15 @@ write_record(Buffer *b, PyObject *event)
         form = stored_time(time_copy, at_len) ? compact_json(json_copy, json_len) : 0;
     }
     free(time_copy);
+    int written = form ? put_record(b, number, run_id, run_len, step_id, step_len, at_text,
+                                    at_len, type, type_len, json_copy, json_len, form) : 0;
     free(json_copy);
+    return written;
 #else
     int form = stored_time(at_text, at_len) ? compact_json(json, json_len) : 0;
+    return form ? put_record(b, number, run_id, run_len, step_id, step_len, at_text, at_len,
+                             type, type_len, json, json_len, form) : 0;
 #endif
-    if (form == 0)
-        return 0;
-
-    char seq_text[32];
-    int seq_len = snprintf(seq_text, sizeof seq_text, "%lld", number);
-    static const char seq_key[] = "{\"seq\":", run_key[] = ",\"run_id\":\"",
-        step_key[] = "\",\"step_id\":\"", at_key[] = "\",\"at\":\"",
-        type_key[] = "\",\"type\":\"", payload_key[] = "\",\"payload\":";
-    Py_ssize_t size = 80 + seq_len + run_len + step_len + at_len + type_len + json_len;
-    if (reserve(b, size) < 0)
-        return -1;
-    put(b, seq_key, sizeof seq_key - 1);
-    put(b, seq_text, seq_len);
-    put(b, run_key, sizeof run_key - 1);
-    put(b, run_id, run_len);
-    if (step_len) {
-        put(b, step_key, sizeof step_key - 1);
-        put(b, step_id, step_len);
-    }
-    put(b, at_key, sizeof at_key - 1);
-    put(b, at_text, at_len);
-    put(b, type_key, sizeof type_key - 1);
-    put(b, type, type_len);
-    put(b, payload_key, sizeof payload_key - 1);
-    if (form == 1)
-        put(b, json, json_len);
-    else
-        put_compacted(b, json, json_len);
-    put(b, "}\n", 2);
-    return 1;
 }
 
 PyDoc_STRVAR(join_records_doc,

@@ -268,6 +268,8 @@ cases = []
 for payload in payloads:
     for cut in range(len(payload) + 1):  # every prefix: each way a value can end early
         cases.append(payload[:cut])
+    # whitespace outside strings, which the record leaves out as it copies
+    cases.append(b" " + payload.replace(b",", b", ").replace(b":", b" :\n") + b"\t")
     for _ in range(40):
         data = bytearray(payload)
         where = rng.randrange(len(data) + 1)
