@@ -152,6 +152,7 @@ def _new_marked_store(path: str) -> Store:
     as the demo's before its run, so that a demo stopped later leaves a file the
     next demo knows as its own. Stopped before the mark (Ctrl-C, a full disk),
     it removes the file it made, which holds nothing of anyone's yet."""
+    made = not os.path.lexists(path)  # _remove emptied it: what appears is this call's
     store: Store | None = None
     try:
         store = open_store(path)
@@ -161,6 +162,7 @@ def _new_marked_store(path: str) -> Store:
         if store is not None:
             with contextlib.suppress(Exception):
                 store.close()
+        if made:
             for suffix in ("", "-wal", "-shm"):
                 with contextlib.suppress(OSError):
                     os.remove(path + suffix)

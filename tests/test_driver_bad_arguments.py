@@ -11,6 +11,7 @@ RUNNING with a step half-way.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -799,3 +800,27 @@ def test_a_class_whose_methods_are_static_or_class_methods_is_accepted(which: st
     agent: Any = _StaticAgent if which == "agent" else _StaticAgent()
     policy: Any = _ClassPolicy if which == "policy" else DefaultPolicy()
     assert Driver(store, agent, policy).start("g").status == "COMPLETED"
+
+
+def _done(self: object, step: object) -> Decision:
+    return Decision.complete("{}")
+
+
+class _PartialAgent:
+    decide = functools.partialmethod(_done)
+
+
+class _DispatchAgent:
+    @functools.singledispatchmethod
+    def decide(self, step: object) -> Decision:
+        return Decision.complete("{}")
+
+
+@pytest.mark.parametrize("cls", [_PartialAgent, _DispatchAgent],
+                         ids=["partialmethod", "singledispatchmethod"])
+def test_a_class_whose_method_binds_only_on_an_instance_is_refused_however_it_is_made(
+        cls: Any) -> None:
+    store = open_store(":memory:")
+    assert Driver(store, cls(), DefaultPolicy()).start("g").status == "COMPLETED"
+    with pytest.raises(ConfigError, match="agent is the class .*: pass an instance"):
+        Driver(store, cls, DefaultPolicy())

@@ -307,3 +307,28 @@ def test_a_demo_stopped_between_its_schema_and_its_mark_leaves_no_file_the_next_
     assert not os.path.lexists(db)  # it made the file and had put nothing of anyone's in it
     again = _demo(db)
     assert again.returncode == 0, again.stderr
+
+
+_DEMO_STOPPED_INSIDE_OPEN_STORE = r"""
+import sys, apsw
+import agentrt.store.opening as opening
+real = opening.migrate
+def migrate(conn, path):  # the schema is committed; open_store has not returned yet
+    real(conn, path)
+    raise {stop}
+opening.migrate = migrate
+import agentrt.demo as demo
+sys.exit(demo.main([sys.argv[1]]))
+"""
+
+
+@pytest.mark.parametrize("stop", ['apsw.FullError("database or disk is full")',
+                                  "KeyboardInterrupt"])
+def test_a_demo_stopped_inside_open_store_leaves_no_file_the_next_refuses(tmp_path, stop):
+    db = str(tmp_path / "demo.db")
+    first = subprocess.run(
+        [sys.executable, "-c", _DEMO_STOPPED_INSIDE_OPEN_STORE.replace("{stop}", stop), db],
+        env=child_env(), capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    assert first.returncode != 0 and not os.path.lexists(db)
+    again = _demo(db)
+    assert again.returncode == 0, again.stderr

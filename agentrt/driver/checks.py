@@ -11,7 +11,6 @@ from __future__ import annotations
 import inspect
 import math
 import threading
-import types
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -143,18 +142,22 @@ def check_callable(name: str, value: Any, expected: str, *, sync: bool = False) 
 def check_method(name: str, value: Any, methods: tuple[str, ...], expected: str,
                  hint: str = "") -> None:
     """Refuse ``value`` unless each of ``methods`` is a callable attribute of it.
-    A class passes that test though a plain method of it fails on every call,
-    short of its instance (``DefaultPolicy`` for ``DefaultPolicy()``): that is
-    refused as such. A class of static or class methods works, and passes."""
-    if isinstance(value, type) and any(
-            isinstance(inspect.getattr_static(value, m, None), types.FunctionType)
-            for m in methods):
+    A class passes that test though its methods, bound only on an instance,
+    fail on every call (``DefaultPolicy`` for ``DefaultPolicy()``): a class is
+    refused as such unless each method is static, a class method, or an
+    attribute that binds to nothing (a builtin, a ``functools.partial``)."""
+    if isinstance(value, type) and not all(_works_on_the_class(value, m) for m in methods):
         raise ConfigError(f"{name} is the class {value.__name__}, not {expected}: pass an "
                           f"instance, such as {value.__name__}()")
     for method in methods:
         if not callable(getattr(value, method, None)):
             suffix = f"; {hint}" if hint and callable(value) else ""
             raise ConfigError(f"{name} is {described(value)}, not {expected}{suffix}")
+
+
+def _works_on_the_class(cls: type, method: str) -> bool:
+    attr = inspect.getattr_static(cls, method, None)
+    return isinstance(attr, (staticmethod, classmethod)) or not hasattr(type(attr), "__get__")
 
 
 def close_if_coroutine(value: object) -> None:
