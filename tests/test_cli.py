@@ -239,14 +239,20 @@ def test_show_limit_and_offset_page_steps(ops, monkeypatch):
     assert [s["index"] for s in every["steps"]] == [0, 1, 2] and "steps_truncated" not in every
 
 
+def _copy_approval(tx, ops, new_id):
+    """Another pending approval of the waiting run, a copy of its own under
+    ``new_id``, as a database another tool wrote may hold."""
+    tx.execute("INSERT INTO approvals (id, run_id, step_id, kind, capability_json, "
+               "presentation_json, request_json, hash, status, created_at) "
+               "SELECT ?, run_id, step_id, kind, capability_json, presentation_json, "
+               "request_json, hash, status, created_at FROM approvals WHERE id = ?",
+               (new_id, ops.approval))
+
+
 def test_show_lists_several_pending_approvals_each_in_its_block(ops, monkeypatch):
     step = ops.kit.store.get_approval(ops.waiting, ops.approval).step_id
     with ops.kit.store.tx() as tx:
-        tx.execute("INSERT INTO approvals (id, run_id, step_id, kind, capability_json, "
-                   "presentation_json, request_json, hash, status, created_at) "
-                   "SELECT 'second', run_id, step_id, kind, capability_json, presentation_json, "
-                   "request_json, hash, status, created_at FROM approvals WHERE id = ?",
-                   (ops.approval,))
+        _copy_approval(tx, ops, "second")
         tx.append(ops.waiting, step, ops.kit.store.get_run(ops.waiting).created_at,
                   "approval.requested", {"approval_id": "second", "reason": "asked again"})
     monkeypatch.setattr(cli_module, "PAGE_SIZE", 1)  # one approval a page: reasons per page
@@ -264,11 +270,7 @@ def test_show_says_how_many_pending_approvals_an_offset_skips(ops):
     """Spec 14 pages a run's pending approvals with its steps' offset: the run
     waits on them, so a line says what the offset left out."""
     with ops.kit.store.tx() as tx:
-        tx.execute("INSERT INTO approvals (id, run_id, step_id, kind, capability_json, "
-                   "presentation_json, request_json, hash, status, created_at) "
-                   "SELECT 'second', run_id, step_id, kind, capability_json, presentation_json, "
-                   "request_json, hash, status, created_at FROM approvals WHERE id = ?",
-                   (ops.approval,))
+        _copy_approval(tx, ops, "second")
     skipped = run(ops, "show", ops.waiting, "--offset", "2").stdout
     assert "APPROVAL WAITING" not in skipped
     assert ("... 2 pending approval(s) before --offset 2; rerun without it to see them"
@@ -468,11 +470,7 @@ def test_a_script_must_name_the_approval_or_say_yes(ops):
 
 def test_several_pending_approvals_need_one_named(ops):
     with ops.kit.store.tx() as tx:
-        tx.execute("INSERT INTO approvals (id, run_id, step_id, kind, capability_json, "
-                   "presentation_json, request_json, hash, status, created_at) "
-                   "SELECT 'second', run_id, step_id, kind, capability_json, presentation_json, "
-                   "request_json, hash, status, created_at FROM approvals WHERE id = ?",
-                   (ops.approval,))
+        _copy_approval(tx, ops, "second")
     vague = run(ops, "approve", ops.waiting, "--yes")
     assert vague.code == 1
     assert vague.stderr == (f"error: run {ops.waiting} has 2 pending approvals, name one of "
@@ -889,11 +887,7 @@ def test_show_reports_model_use_from_the_run_row(ops):
 
 def test_an_error_quoting_the_database_is_sanitized(ops):
     with ops.kit.store.tx() as tx:
-        tx.execute("INSERT INTO approvals (id, run_id, step_id, kind, capability_json, "
-                   "presentation_json, request_json, hash, status, created_at) "
-                   "SELECT ?, run_id, step_id, kind, capability_json, presentation_json, "
-                   "request_json, hash, status, created_at FROM approvals WHERE id = ?",
-                   ("evil\x1b[31m\u202e", ops.approval))
+        _copy_approval(tx, ops, "evil\x1b[31m\u202e")
     result = run(ops, "approve", ops.waiting, "--yes")
     assert result.code == 1
     assert "\x1b" not in result.stderr and "\u202e" not in result.stderr
@@ -917,11 +911,7 @@ def test_an_id_echoed_in_an_error_is_cut_to_80_characters(ops):
     # Ids from the database, listed to choose from, are cut too.
     stored = "a" * 100_000
     with ops.kit.store.tx() as tx:
-        tx.execute("INSERT INTO approvals (id, run_id, step_id, kind, capability_json, "
-                   "presentation_json, request_json, hash, status, created_at) "
-                   "SELECT ?, run_id, step_id, kind, capability_json, presentation_json, "
-                   "request_json, hash, status, created_at FROM approvals WHERE id = ?",
-                   (stored, ops.approval))
+        _copy_approval(tx, ops, stored)
     vague = run(ops, "approve", ops.waiting, "--yes")
     assert vague.code == 1 and len(vague.stderr) < 400
     assert f"name one of {ops.approval}, {'a' * 80}…(" in vague.stderr

@@ -206,6 +206,13 @@ def test_the_demo_quotes_a_path_with_a_space_in_the_commands_it_shows(tmp_path):
     assert "--db 'my demo.db' runs  (or: source" in done.stdout.strip().splitlines()[-1]
 
 
+def _stopped_demo(program: str, stop: str, db: str) -> subprocess.CompletedProcess[str]:
+    """Run a demo ``program`` that raises ``stop`` part-way, recording into ``db``."""
+    return subprocess.run([sys.executable, "-c", program.replace("{stop}", stop), db],
+                          env=child_env(), capture_output=True, text=True, timeout=120,
+                          cwd=REPO_ROOT)
+
+
 # A demo stopped after its schema and before its run: a full disk at the run's
 # insert (which the demo says in one sentence), or Ctrl-C there.
 _DEMO_STOPPED_BEFORE_ITS_RUN = r"""
@@ -223,9 +230,7 @@ sys.exit(main([sys.argv[1]]))
                                   "KeyboardInterrupt"])
 def test_the_demo_replaces_the_database_of_a_demo_stopped_before_its_run(tmp_path, stop):
     db = str(tmp_path / "demo.db")
-    first = subprocess.run(
-        [sys.executable, "-c", _DEMO_STOPPED_BEFORE_ITS_RUN.replace("{stop}", stop), db],
-        env=child_env(), capture_output=True, text=True, timeout=120)
+    first = _stopped_demo(_DEMO_STOPPED_BEFORE_ITS_RUN, stop, db)
     assert first.returncode != 0 and os.path.getsize(db) > 0  # its schema is there
     again = _demo(db)
     assert again.returncode == 0, again.stderr
@@ -300,9 +305,7 @@ sys.exit(demo.main([sys.argv[1]]))
 def test_a_demo_stopped_between_its_schema_and_its_mark_leaves_no_file_the_next_refuses(
         tmp_path, stop):
     db = str(tmp_path / "demo.db")
-    first = subprocess.run(
-        [sys.executable, "-c", _DEMO_STOPPED_BEFORE_ITS_MARK.replace("{stop}", stop), db],
-        env=child_env(), capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    first = _stopped_demo(_DEMO_STOPPED_BEFORE_ITS_MARK, stop, db)
     assert first.returncode != 0
     assert not os.path.lexists(db)  # it made the file and had put nothing of anyone's in it
     again = _demo(db)
@@ -326,9 +329,7 @@ sys.exit(demo.main([sys.argv[1]]))
                                   "KeyboardInterrupt"])
 def test_a_demo_stopped_inside_open_store_leaves_no_file_the_next_refuses(tmp_path, stop):
     db = str(tmp_path / "demo.db")
-    first = subprocess.run(
-        [sys.executable, "-c", _DEMO_STOPPED_INSIDE_OPEN_STORE.replace("{stop}", stop), db],
-        env=child_env(), capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    first = _stopped_demo(_DEMO_STOPPED_INSIDE_OPEN_STORE, stop, db)
     assert first.returncode != 0 and not os.path.lexists(db)
     again = _demo(db)
     assert again.returncode == 0, again.stderr

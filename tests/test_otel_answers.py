@@ -3,9 +3,7 @@ answer, seen through `agentrt-export otel` as a real process."""
 
 from __future__ import annotations
 
-import os
 import re
-import select
 import signal
 import ssl
 import subprocess
@@ -257,20 +255,6 @@ def test_a_tls_failure_says_what_the_collector_wants(error, said):
     assert sentence(wrapped) == said
 
 
-def _read_stderr_until(proc: subprocess.Popen, marker: bytes, timeout: float = 30.0) -> bytes:
-    seen = b""
-    deadline = time.monotonic() + timeout
-    fd = proc.stderr.fileno()
-    while marker not in seen:
-        left = deadline - time.monotonic()
-        assert left > 0, f"no {marker!r} in {seen!r}"
-        if select.select([fd], [], [], left)[0]:
-            chunk = os.read(fd, 4096)
-            assert chunk, f"stderr ended before {marker!r}: {seen!r}"
-            seen += chunk
-    return seen
-
-
 def _outage_then_recovery(tmp_path, first_attempt_s: float):
     """A collector that does not answer the first request within the export
     timeout (``first_attempt_s``), then answers at once: returns the stderr
@@ -289,7 +273,7 @@ def _outage_then_recovery(tmp_path, first_attempt_s: float):
             while rx.arrived == 0:
                 time.sleep(0.01)
             began = time.monotonic()
-            seen = _read_stderr_until(proc, b"retrying with backoff")
+            seen = _stderr_until(proc, b"retrying with backoff", timeout=30.0)
             rx.hang = 0.0
             rest = proc.communicate(timeout=60)[1]
             took = time.monotonic() - began

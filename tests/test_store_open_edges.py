@@ -156,6 +156,10 @@ def test_an_older_file_whose_schema_migrations_is_in_another_case_is_checked_bef
 # -- a path that names a directory -----------------------------------------------------
 
 
+#: Both openers, the reader in both modes.
+_OPENERS = (open_store, open_existing, lambda p: open_existing(p, read_only=False))
+
+
 @pytest.mark.parametrize("name", ["state/", "state//", "state/.", "./state/..", "/abs/state/"])
 @pytest.mark.parametrize("exists", [False, True], ids=["missing", "a-directory"])
 def test_a_path_naming_a_directory_is_refused_by_both_openers_before_anything_is_created(
@@ -168,8 +172,7 @@ def test_a_path_naming_a_directory_is_refused_by_both_openers_before_anything_is
         (tmp_path / "state").mkdir()
     listing = sorted(os.listdir(tmp_path))
     # The readers create nothing: a missing path is one that does not exist (below).
-    openers = (open_store, open_existing, lambda p: open_existing(p, read_only=False))
-    for opener in openers if exists else openers[:1]:
+    for opener in _OPENERS if exists else _OPENERS[:1]:
         with pytest.raises(StoreOpenError) as info:
             opener(name)
         assert str(info.value) == (
@@ -207,7 +210,7 @@ def test_a_file_followed_by_a_slash_is_refused_as_that_not_as_a_directory_by_bot
     before = file_state(path)
     listing = sorted(os.listdir(tmp_path))
     name = "ops.db" + tail
-    for opener in (open_store, open_existing, lambda p: open_existing(p, read_only=False)):
+    for opener in _OPENERS:
         with pytest.raises(StoreOpenError) as info:
             opener(name)
         assert str(info.value) == (
