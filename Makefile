@@ -10,7 +10,7 @@ install: $(STAMP)
 
 PYOK := import sys; sys.exit(sys.version_info < (3, 11))
 
-$(STAMP): pyproject.toml constraints.txt setup.py agentrt/_jsonlpage.c
+$(STAMP): pyproject.toml constraints.txt setup.py agentrt/_jsonlpage.c agentrt/_eventrows.c
 	@$(BIN)/python -c '$(PYOK)' 2>/dev/null || { \
 	  test -n "$(PYTHON)" && $(PYTHON) -c '$(PYOK)' || { \
 	    echo "make: agentrt needs Python 3.11 or newer; found: $$($(PYTHON) -V 2>&1 || echo none). Install python3.11, or pass PYTHON=/path/to/python3.11" >&2; exit 1; }; \
@@ -56,4 +56,4 @@ typecheck: install
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) $(PINS) .pytest_cache .mypy_cache .ruff_cache *.egg-info demo.db* agentrt/_jsonlpage.*.so build
+	rm -rf $(VENV) $(PINS) .pytest_cache .mypy_cache .ruff_cache *.egg-info demo.db* agentrt/_jsonlpage.*.so agentrt/_eventrows.*.so build

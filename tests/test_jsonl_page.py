@@ -4,26 +4,20 @@ for byte, what jsonl_record writes for each event, and it is really used."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
-import subprocess
 import sys
-import sysconfig
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from _asan_kit import run_under_asan
 from _fixtures_kit import DB
-from eventdb import REPO_ROOT
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from agentrt import open_existing, trace
 from agentrt.events import OWN_EVENT_CLASSES, Event, event_from_fields
 from agentrt.trace import jsonl_page, jsonl_record
-
-REPO = Path(REPO_ROOT)
 
 try:
     from agentrt._jsonlpage import join_records
@@ -291,20 +285,7 @@ def test_the_c_record_writer_reads_no_byte_outside_its_input_under_asan(tmp_path
     The test build parses exact-length copies of each payload and time
     (JSONLPAGE_EXACT_COPIES), where a bytes object holds a NUL after its data,
     so a read even one byte past the end aborts the child."""
-    if shutil.which("gcc") is None:
-        pytest.skip("no gcc here to build the module with AddressSanitizer")
-    libasan = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True,
-                             text=True, check=True).stdout.strip()
-    if not os.path.isabs(libasan):  # gcc answers the bare name when it has none
-        pytest.skip("this gcc has no AddressSanitizer runtime (libasan)")
-    built = tmp_path / ("_jsonlpage" + sysconfig.get_config_var("EXT_SUFFIX"))
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-g", "-fsanitize=address",
-                    "-DJSONLPAGE_EXACT_COPIES",
-                    "-fno-omit-frame-pointer", "-I", sysconfig.get_path("include"),
-                    str(REPO / "agentrt" / "_jsonlpage.c"), "-o", str(built)], check=True)
-    env = dict(os.environ, PYTHONMALLOC="malloc", LD_PRELOAD=libasan,
-               ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:exitcode=3")
-    child = subprocess.run([sys.executable, "-c", ASAN_CHILD, str(built), str(DB)], env=env,
-                           capture_output=True, text=True, timeout=300, cwd=REPO)
+    child = run_under_asan(tmp_path, "_jsonlpage", ASAN_CHILD, str(DB),
+                           defines=("-DJSONLPAGE_EXACT_COPIES",))
     assert child.returncode == 0, child.stderr[-3000:]
     assert child.stdout.startswith("ok ")

@@ -1,6 +1,6 @@
 """The install that `make test` and CI make: every dependency pinned, each pin
 inside pyproject.toml's range, the running environment built from them, and
-the one C module built where a compiler is."""
+the two C modules built where a compiler is."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from agentrt import trace
+from agentrt.store import pages
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,18 +60,34 @@ def test_the_license_is_declared_as_spdx_with_its_text() -> None:
     assert all((ROOT / f).is_file() for f in project["license-files"])
 
 
+def _compiler_is_here() -> bool:
+    return shutil.which(shlex.split(sysconfig.get_config_var("CC") or "cc")[0]) is not None
+
+
 def test_the_c_record_writer_is_built_where_a_compiler_is() -> None:
     """agentrt._jsonlpage is optional at install; where a compiler is, a missing
     module is a failed build, and the JSONL export would be 2.5x slower."""
-    compiler = shlex.split(sysconfig.get_config_var("CC") or "cc")[0]
     try:
         from agentrt._jsonlpage import join_records
     except ImportError:
-        assert shutil.which(compiler) is None, (
-            f"agentrt._jsonlpage was not built although {compiler} is here: see pip's output")
+        assert not _compiler_is_here(), (
+            "agentrt._jsonlpage was not built although a C compiler is here: see pip's output")
         assert trace._join_records is None
     else:
         assert trace._join_records is join_records
+
+
+def test_the_c_page_builder_is_built_where_a_compiler_is() -> None:
+    """agentrt._eventrows is optional at install; where a compiler is, a missing
+    module is a failed build, and a follower's page reads would cost a seventh more."""
+    try:
+        from agentrt._eventrows import events_of
+    except ImportError:
+        assert not _compiler_is_here(), (
+            "agentrt._eventrows was not built although a C compiler is here: see pip's output")
+        assert pages._events_of is None
+    else:
+        assert pages._events_of is events_of
 
 
 def test_every_package_of_the_tree_is_in_the_distribution() -> None:

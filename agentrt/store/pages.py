@@ -20,7 +20,7 @@ from typing import Any, TypeGuard, cast
 import apsw
 
 from agentrt.errors import AgentrtError, described, shown_number
-from agentrt.events import Event
+from agentrt.events import Event, event_from_fields
 from agentrt.gojson import replace_lone_surrogates
 from agentrt.records import MAX_PAGE_TEXT, Approval, Run, Step
 from agentrt.store.bigcells import json_cut, read_cut, text_cut
@@ -409,6 +409,18 @@ def events_page(
 _FAST_AFTER_COLUMNS = EVENT_COLUMNS.fast
 _FAST_AFTER_ALL_SQL = f"SELECT {_FAST_AFTER_COLUMNS} {_AFTER_ALL}"
 _FAST_AFTER_RUN_SQL = f"SELECT {_FAST_AFTER_COLUMNS} {_AFTER_RUN}"
+# With the C module, the text columns are read as stored, with no conversion:
+# a row where one is not text (NULL, a number, a blob) makes events_of answer
+# None, and the page is read again with the converting columns above, so both
+# give the same events. The payload is still cast: a blob is what an event holds.
+_PLAIN_AFTER_COLUMNS = "seq, run_id, step_id, at, type, CAST(payload_json AS BLOB)"
+_PLAIN_AFTER_ALL_SQL = f"SELECT {_PLAIN_AFTER_COLUMNS} {_AFTER_ALL}"
+_PLAIN_AFTER_RUN_SQL = f"SELECT {_PLAIN_AFTER_COLUMNS} {_AFTER_RUN}"
+
+try:
+    from agentrt._eventrows import events_of as _events_of
+except ImportError:  # installed without a C compiler: the same events, built slower
+    _events_of = None  # type: ignore[assignment]
 
 
 def _approval_rowid(conn: apsw.Connection, run_id: str, approval_id: str) -> int | None:
@@ -443,10 +455,16 @@ def events_after(conn: apsw.Connection, run_id: str, seq: int, limit: int) -> li
     params: tuple[Any, ...] = (seq, run_id, limit) if run_id else (seq, limit)
     previous = conn.limit(apsw.SQLITE_LIMIT_LENGTH, N)
     try:
-        # Mapping the cursor, not a fetched list, frees each row tuple as its
-        # event is built: half the live objects for the garbage collector.
-        events = events_from_rows(conn.execute(
-            _FAST_AFTER_RUN_SQL if run_id else _FAST_AFTER_ALL_SQL, params))
+        events = None
+        if _events_of is not None:  # each row becomes its event (see _eventrows.c)
+            events = _events_of(conn.execute(
+                _PLAIN_AFTER_RUN_SQL if run_id else _PLAIN_AFTER_ALL_SQL, params),
+                event_from_fields)
+        if events is None:
+            # Mapping the cursor, not a fetched list, frees each row tuple as
+            # its event is built: half the live objects for the garbage collector.
+            events = events_from_rows(conn.execute(
+                _FAST_AFTER_RUN_SQL if run_id else _FAST_AFTER_ALL_SQL, params))
         if not events and _matches_nothing(run_id, seq):
             _check_after(run_id, seq, limit)
         return events
