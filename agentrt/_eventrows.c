@@ -19,8 +19,24 @@
 
 #define EVENT_FIELDS 6
 
+static destructor class_statement_dealloc; /* a class statement's, read at import */
+
+/* Whether every class from ``type`` up to tuple frees its instances as a class
+ * statement's does, handing the tuple to tuple's own release. A struct
+ * sequence (os.stat_result, time.struct_time) has a tuple's layout too, but
+ * frees the number of fields its type declares, not the tuple's length. */
+static int
+dies_as_a_tuple(PyTypeObject *type)
+{
+    for (PyTypeObject *t = type; t != &PyTuple_Type; t = t->tp_base)
+        if (t == NULL || t->tp_dealloc != class_statement_dealloc)
+            return 0;
+    return type->tp_free == PyObject_GC_Del;
+}
+
 /* Whether ``cls`` is a tuple subclass a tuple may turn into: a heap type with
- * exactly a tuple's memory layout and nothing run when an instance dies. */
+ * exactly a tuple's memory layout and nothing run when an instance dies but
+ * what runs for a tuple. */
 static int
 takes_tuple_layout(PyObject *cls)
 {
@@ -42,7 +58,8 @@ takes_tuple_layout(PyObject *cls)
            && type->tp_dictoffset == 0
            && type->tp_weaklistoffset == 0
            && type->tp_finalize == NULL
-           && type->tp_del == NULL;
+           && type->tp_del == NULL
+           && dies_as_a_tuple(type);
 }
 
 /* Whether a row holds an event's stored fields in the runtime's own types:
@@ -114,7 +131,7 @@ events_of(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     if (!takes_tuple_layout(args[1])) {
         PyErr_SetString(PyExc_TypeError, "events_of: cls must be a tuple subclass "
-                        "with __slots__ = () and no __del__");
+                        "made by class statements, with __slots__ = () and no __del__");
         return NULL;
     }
     PyTypeObject *type = (PyTypeObject *)args[1];
@@ -165,5 +182,11 @@ static struct PyModuleDef eventrows_module = {
 PyMODINIT_FUNC
 PyInit__eventrows(void)
 {
+    PyObject *probe = PyObject_CallFunction((PyObject *)&PyType_Type, "s(O){}",
+                                            "probe", (PyObject *)&PyTuple_Type);
+    if (probe == NULL)
+        return NULL;
+    class_statement_dealloc = ((PyTypeObject *)probe)->tp_dealloc;
+    Py_DECREF(probe);
     return PyModule_Create(&eventrows_module);
 }

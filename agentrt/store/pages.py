@@ -456,7 +456,10 @@ def events_after(conn: apsw.Connection, run_id: str, seq: int, limit: int) -> li
     previous = conn.limit(apsw.SQLITE_LIMIT_LENGTH, N)
     try:
         events = None
-        if _events_of is not None:  # each row becomes its event (see _eventrows.c)
+        # Each row becomes its event (see _eventrows.c). Not under a row tracer
+        # a consumer set on the connection: what it returns is no row of ours,
+        # and it would see the page's first row again when the page is re-read.
+        if _events_of is not None and conn.row_trace is None:
             events = _events_of(conn.execute(
                 _PLAIN_AFTER_RUN_SQL if run_id else _PLAIN_AFTER_ALL_SQL, params),
                 event_from_fields)
