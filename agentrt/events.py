@@ -6,8 +6,9 @@ no hash field: the hash lives only in the table (see :mod:`agentrt.chain`).
 An event is an immutable tuple of the stored fields, ``at`` included as its
 stored text (:attr:`Event.at_text`); :attr:`Event.at` parses that text when
 asked. Readers page through millions of events, and building each one from
-its row is one tuple copy in C instead of an object with six attributes and a
-parsed datetime (see ``bench/bench_store.py``).
+its row is at most one tuple copy in C instead of an object with six
+attributes and a parsed datetime; the follower's page read turns the row
+itself into the event (``agentrt/_eventrows.c``; see ``bench/bench_store.py``).
 """
 
 from __future__ import annotations

@@ -188,7 +188,8 @@ MODEL_CALL_COLUMNS = _record(
     *_kinds(TEXT, "error", "dispatched_at", "completed_at"),
 )
 #: seq is the rowid (always an integer); the rest come back as str and bytes,
-#: so each row becomes an Event with one tuple copy (:func:`events_from_rows`).
+#: so each row becomes an Event with one tuple copy (:func:`events_from_rows`;
+#: ``list_events_after`` turns the row itself into it, see pages.py).
 EVENT_COLUMNS = Columns.of(
     [("seq", OTHER)] + _texts("run_id", "step_id", "at", "type") + [_blob("payload_json")]
 )
