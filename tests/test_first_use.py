@@ -98,8 +98,10 @@ def test_make_refuses_a_python_older_than_3_11_in_one_sentence_and_makes_no_venv
     work = tmp_path / "checkout"
     work.mkdir()
     (work / "agentrt").mkdir()
-    for name in ("Makefile", "pyproject.toml", "constraints.txt", "setup.py",
-                 "agentrt/_jsonlpage.c"):
+    # The install's prerequisites, as the Makefile names them: its C modules too.
+    c_sources = [f"agentrt/{name}" for name in os.listdir(os.path.join(REPO_ROOT, "agentrt"))
+                 if name.endswith(".c")]
+    for name in ("Makefile", "pyproject.toml", "constraints.txt", "setup.py", *c_sources):
         shutil.copy(os.path.join(REPO_ROOT, name), work / name)
     done = subprocess.run(["make", "-s", "install", f"PYTHON={old}"], cwd=work,
                           capture_output=True, text=True, timeout=60)
