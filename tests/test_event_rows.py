@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import apsw
 import pytest
 from _asan_kit import run_under_asan
 from _fixtures_kit import DB
@@ -240,9 +241,23 @@ def test_an_event_is_left_out_of_the_garbage_collector_as_a_tuple_of_atoms_is() 
     assert [e.seq for e in held + copied] == [1, 2, 3, 1, 2, 3]
 
 
-def test_a_row_tracer_on_the_connection_sees_each_row_of_a_page_once(tmp_path: Path) -> None:
-    """A consumer's tracer on ``store.db()`` returns rows of its own (here lists):
-    the page is built from them as before, read by one query, each row once."""
+def _traced_cursor(seen: list[int]) -> type[apsw.Cursor]:
+    class Traced(apsw.Cursor):
+        """A consumer's cursor (apsw's cursor_factory) tracing its rows as lists."""
+
+        def __init__(self, conn: apsw.Connection) -> None:
+            super().__init__(conn)
+            self.row_trace = lambda _cursor, row: (seen.append(row[0]), list(row))[1]
+
+    return Traced
+
+
+@pytest.mark.parametrize("where", ["connection", "cursor factory"])
+def test_a_row_tracer_a_consumer_set_sees_each_row_of_a_page_once(tmp_path: Path,
+                                                                  where: str) -> None:
+    """A consumer's tracer on ``store.db()`` or on the cursors it makes returns
+    rows of its own (here lists): the page is built from them as before, read
+    by one query, each row once."""
     with open_store(str(tmp_path / "a.db")) as store:
         with store.tx() as tx:
             insert_run(tx, "r")
@@ -252,12 +267,16 @@ def test_a_row_tracer_on_the_connection_sees_each_row_of_a_page_once(tmp_path: P
         seen: list[int] = []
         statements: list[str] = []
         conn = store.db()
-        conn.row_trace = lambda _cursor, row: (seen.append(row[0]), list(row))[1]
+        if where == "connection":
+            conn.row_trace = lambda _cursor, row: (seen.append(row[0]), list(row))[1]
+        else:
+            conn.cursor_factory = _traced_cursor(seen)
         conn.exec_trace = lambda _cursor, sql, _bindings: (statements.append(sql), True)[1]
         try:
             page = store.list_events_after("", 0, 3)
         finally:
             conn.row_trace = conn.exec_trace = None
+            conn.cursor_factory = apsw.Cursor
     assert [e.seq for e in page] == seen == [1, 2, 3]
     assert len(statements) == 1
     assert all(type(e) is EVENT_CLASS for e in page)

@@ -457,9 +457,11 @@ def events_after(conn: apsw.Connection, run_id: str, seq: int, limit: int) -> li
     try:
         events = None
         # Each row becomes its event (see _eventrows.c). Not under a row tracer
-        # a consumer set on the connection: what it returns is no row of ours,
-        # and it would see the page's first row again when the page is re-read.
-        if _events_of is not None and conn.row_trace is None:
+        # or a cursor factory a consumer set on the connection (store.db()):
+        # what they return may be no row of ours, and they would see the
+        # page's first row again when the page is re-read.
+        if (_events_of is not None and conn.row_trace is None
+                and conn.cursor_factory is apsw.Cursor):
             events = _events_of(conn.execute(
                 _PLAIN_AFTER_RUN_SQL if run_id else _PLAIN_AFTER_ALL_SQL, params),
                 event_from_fields)
