@@ -18,7 +18,7 @@ from unittest import mock
 import apsw
 import pytest
 from _asan_kit import run_under_asan
-from _fixtures_kit import DB
+from _fixtures_kit import copy_fixture
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from store_helpers import insert_run
@@ -225,7 +225,8 @@ def test_the_page_builder_touches_no_freed_memory_under_asan(tmp_path: Path) -> 
     """Every fixture event read in pages through an AddressSanitizer build, with
     every Python object in ASan's heap: a row freed while its event is in use,
     or the event class freed early, aborts the child."""
-    child = run_under_asan(tmp_path, "_eventrows", ASAN_CHILD, str(DB))
+    child = run_under_asan(tmp_path, "_eventrows", ASAN_CHILD,
+                           copy_fixture(tmp_path / "db"))
     assert child.returncode == 0, child.stderr[-3000:]
     assert child.stdout.startswith("ok ")
 

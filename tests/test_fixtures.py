@@ -408,3 +408,23 @@ def test_a_failed_generation_removes_every_directory_it_created(tmp_path: Path) 
     out = tmp_path / "new" / "deeper" / "out"
     assert _generate_with_a_refused_temporary_directory(tmp_path, out).returncode == 1
     assert not (tmp_path / "new").exists()
+
+
+def test_no_test_opens_the_committed_database_but_through_a_private_copy() -> None:
+    """A checkout made under umask 002 gives fixtures/runs.db mode 0664, which the
+    read-only opener refuses: a test opening it in place failed there. Every
+    test module but this one (which only hashes and reads its bytes) takes it
+    through ``copy_fixture``, never ``DB`` itself."""
+    import ast
+
+    tests = Path(REPO_ROOT) / "tests"
+    importing_db = []
+    for path in sorted(tests.glob("*.py")):
+        if path.name in ("_fixtures_kit.py", Path(__file__).name):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.ImportFrom) and node.module == "_fixtures_kit"
+                    and any(alias.name in ("DB", "FIXTURES", "GOLDEN_FILES")
+                            for alias in node.names)):
+                importing_db.append(path.name)
+    assert importing_db == []

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from _asan_kit import run_under_asan
-from _fixtures_kit import DB
+from _fixtures_kit import copy_fixture
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -45,8 +45,8 @@ def stored(seq: int = 1, run_id: str = "run-1", step_id: str = "step-1",
     return event_from_fields((seq, run_id, step_id, at, type, payload))
 
 
-def test_every_fixture_event_is_written_in_c_as_python_writes_it() -> None:
-    with open_existing(str(DB)) as store:
+def test_every_fixture_event_is_written_in_c_as_python_writes_it(tmp_path: Path) -> None:
+    with open_existing(copy_fixture(tmp_path)) as store:
         events = store.list_events_after("", 0, 100_000)
     assert len(events) > 100
     assert join_records(events, OWN_EVENT_CLASSES, refuse) == python_page(events)
@@ -232,9 +232,9 @@ def test_c_and_python_write_the_same_page(rows: list[tuple[object, ...]]) -> Non
     assert c_page(events) == python_page(events)
 
 
-def test_c_and_python_agree_on_many_damaged_payloads() -> None:
+def test_c_and_python_agree_on_many_damaged_payloads(tmp_path: Path) -> None:
     """Every single-byte change of real payloads: the place a C parser goes wrong."""
-    with open_existing(str(DB)) as store:
+    with open_existing(copy_fixture(tmp_path)) as store:
         payloads = sorted({e.payload for e in store.list_events_after("", 0, 100_000)})
     rng = random.Random(7)
     events = []
@@ -285,7 +285,7 @@ def test_the_c_record_writer_reads_no_byte_outside_its_input_under_asan(tmp_path
     The test build parses exact-length copies of each payload and time
     (JSONLPAGE_EXACT_COPIES), where a bytes object holds a NUL after its data,
     so a read even one byte past the end aborts the child."""
-    child = run_under_asan(tmp_path, "_jsonlpage", ASAN_CHILD, str(DB),
+    child = run_under_asan(tmp_path, "_jsonlpage", ASAN_CHILD, copy_fixture(tmp_path / "db"),
                            defines=("-DJSONLPAGE_EXACT_COPIES",))
     assert child.returncode == 0, child.stderr[-3000:]
     assert child.stdout.startswith("ok ")
