@@ -369,18 +369,59 @@ def test_generating_with_a_temporary_directory_sqlite_refuses_says_so_in_one_sen
     assert not out.exists()  # made by this run, and empty again: removed
 
 
-def test_generating_onto_a_full_file_system_leaves_nothing_half_written(tmp_path: Path) -> None:
+def _generate(*args: str, cwd: str = REPO_ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "fixtures.generate", *args],
+                          capture_output=True, text=True, timeout=300, cwd=cwd,
+                          env=dict(child_env(), PYTHONPATH=REPO_ROOT))
+
+
+# 64 KiB has no room for runs.db; 160 KiB has room for runs.db (144 KiB), not runs.jsonl.
+@pytest.mark.parametrize("size", ["64k", "160k"])
+def test_generating_onto_a_full_file_system_leaves_nothing_half_written(tmp_path: Path,
+                                                                        size: str) -> None:
     from store_helpers import tmpfs_mount
 
     mount = tmp_path / "small"
     mount.mkdir()
-    with tmpfs_mount(str(mount), size="64k"):
+    with tmpfs_mount(str(mount), size=size):
         out = mount / "out"
-        done = subprocess.run([sys.executable, "-m", "fixtures.generate", str(out)],
-                              capture_output=True, text=True, timeout=300, cwd=REPO_ROOT,
-                              env=child_env())
+        done = _generate(str(out))
         assert done.returncode == 1 and "Traceback" not in done.stderr
-        assert not out.exists()
+        assert not out.exists(), sorted(os.listdir(out))
+
+
+def test_a_generation_that_cannot_put_a_golden_in_place_changes_no_file_and_names_it(
+        tmp_path: Path) -> None:
+    """The set is replaced only once all three are staged: a spans.json that
+    is a directory leaves the previous runs.db and runs.jsonl as they were."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "runs.db").write_bytes(b"the previous database")
+    (out / "runs.jsonl").write_bytes(b"the previous golden\n")
+    (out / "spans.json").mkdir()
+    done = _generate(str(out))
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr == (f"fixtures: cannot write {out / 'spans.json'}: Is a directory; "
+                           "move it away, or name another directory\n")
+    assert (out / "runs.db").read_bytes() == b"the previous database"
+    assert (out / "runs.jsonl").read_bytes() == b"the previous golden\n"
+    assert sorted(os.listdir(out)) == ["runs.db", "runs.jsonl", "spans.json"]
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_generate_help_prints_its_usage_and_writes_nothing(tmp_path: Path, flag: str) -> None:
+    done = _generate(flag, cwd=str(tmp_path))
+    assert (done.returncode, done.stdout) == (0, "usage: python -m fixtures.generate OUTDIR\n")
+    assert os.listdir(tmp_path) == []
+
+
+def test_generate_refuses_an_option_as_usage_and_writes_nothing(tmp_path: Path) -> None:
+    done = _generate("--out", cwd=str(tmp_path))
+    assert done.returncode == 2
+    assert done.stderr == ("fixtures: no option --out; name the output directory "
+                           "(./--out for a directory of that name)\n"
+                           "usage: python -m fixtures.generate OUTDIR\n")
+    assert os.listdir(tmp_path) == []
 
 
 def _generate_with_a_refused_temporary_directory(tmp_path: Path, out: Path) -> (
