@@ -374,10 +374,14 @@ def approval_block(a: Approval, *, now: datetime, reason: str = "",
     lines.extend(_field_lines(a.request.args if a.request is not None else b""))
     lines.append("presentation:")
     lines.extend(_field_lines(a.presentation))
-    # An id too long to show whole would make a command that names nothing.
-    if (db_path and not expired and clip_bytes(a.run_id) == a.run_id
-            and clip_bytes(a.id) == a.id):
-        lines.append(f"decide with: agentrt --db {shlex.quote(sanitize(db_path))} approve "
-                     f"{shlex.quote(sanitize(a.run_id))} --approval {shlex.quote(sanitize(a.id))}")
+    # An id too long to show whole, or one the terminal would be shown escaped
+    # (a tab, a zero-width joiner), would make a command that names nothing.
+    if (db_path and not expired and sanitize(db_path) == db_path
+            and all(clip_bytes(v) == v and sanitize(v) == v for v in (a.run_id, a.id))):
+        run, approval = shlex.quote(a.run_id), shlex.quote(a.id)
+        # A run id that starts with '-' would be read as an option before '--'.
+        ids = (f"--approval {approval} -- {run}" if a.run_id.startswith("-")
+               else f"{run} --approval {approval}")
+        lines.append(f"decide with: agentrt --db {shlex.quote(db_path)} approve {ids}")
     lines.append(f"----- end of approval {_field(a.id)} for tool {tool} -----")
     return lines

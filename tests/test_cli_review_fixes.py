@@ -10,6 +10,7 @@ import fcntl
 import json
 import os
 import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -328,3 +329,38 @@ def test_show_json_says_which_columns_of_a_step_could_not_be_read(ops):
     first, *rest = doc["steps"]
     assert first["decode_error"].startswith("decision: ")
     assert all("decode_error" not in step for step in rest)
+
+
+def _with_waiting_run_renamed(tmp_path, new_run: str) -> dict[str, str]:
+    """operator_db with the waiting run's id changed to ``new_run`` in every table."""
+    ids = operator_db(str(tmp_path / "ops.db"))
+    conn = apsw.Connection(ids["db"])
+    conn.execute("UPDATE runs SET id = ? WHERE id = ?", (new_run, ids["waiting"]))
+    for table in ("steps", "approvals", "events"):
+        conn.execute(f"UPDATE {table} SET run_id = ? WHERE run_id = ?", (new_run, ids["waiting"]))
+    conn.close()
+    return dict(ids, waiting=new_run)
+
+
+@pytest.mark.parametrize("run_id", ["team-\U0001F468\u200d\U0001F469\u200d\U0001F467-deploy",
+                                    "deploy\tstaging"], ids=["zero-width-joiner", "tab"])
+def test_show_offers_no_decide_with_command_for_a_run_id_it_shows_escaped(tmp_path, run_id):
+    """The escaped id (\\u{200d}, \\x09) names no run: the printed command could only
+    fail, so it is left out, as for an id too long to show whole."""
+    ids = _with_waiting_run_renamed(tmp_path, run_id)
+    shown = invoke("--db", ids["db"], "show", run_id)
+    assert shown.code == 0, shown.stderr
+    assert "APPROVAL WAITING" in shown.stdout and "decide with:" not in shown.stdout
+
+
+def test_the_decide_with_command_for_a_run_id_starting_with_a_dash_decides_it(tmp_path):
+    ids = _with_waiting_run_renamed(tmp_path, "-deploy-7")
+    shown = invoke("--db", ids["db"], "show", "--", "-deploy-7")
+    assert shown.code == 0, shown.stderr
+    [line] = [ln for ln in shown.stdout.splitlines() if ln.startswith("decide with: ")]
+    assert line == (f"decide with: agentrt --db {ids['db']} approve "
+                    f"--approval {ids['approval']} -- -deploy-7")
+    argv = shlex.split(line.removeprefix("decide with: "))[1:]
+    done = invoke(*argv, input="y\n")  # run as printed: it asks, and USER is the name
+    assert done.code == 0, done.stderr
+    assert "APPROVAL WAITING" not in invoke("--db", ids["db"], "show", "--", "-deploy-7").stdout
