@@ -469,3 +469,12 @@ def test_no_test_opens_the_committed_database_but_through_a_private_copy() -> No
                             for alias in node.names)):
                 importing_db.append(path.name)
     assert importing_db == []
+
+
+def test_a_generation_that_cannot_stage_a_file_names_the_staged_file(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    (out / "runs.jsonl.tmp").mkdir(parents=True)  # left by someone: the staged name
+    done = _generate(str(out))
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"fixtures: cannot write {out / 'runs.jsonl.tmp'}: ")
+    assert sorted(os.listdir(out)) == ["runs.jsonl.tmp"]
