@@ -364,3 +364,33 @@ def test_the_decide_with_command_for_a_run_id_starting_with_a_dash_decides_it(tm
     done = invoke(*argv, input="y\n")  # run as printed: it asks, and USER is the name
     assert done.code == 0, done.stderr
     assert "APPROVAL WAITING" not in invoke("--db", ids["db"], "show", "--", "-deploy-7").stdout
+
+
+def test_a_run_whose_id_another_tool_stored_as_a_blob_is_said_so_not_just_not_found(tmp_path):
+    """`runs` lists it by the blob's text; `show` by that text cannot find it and
+    says why in one sentence, rather than "not found" for the id just listed."""
+    ids = operator_db(str(tmp_path / "ops.db"))
+    conn = apsw.Connection(ids["db"])
+    conn.execute("UPDATE runs SET id = CAST(id AS BLOB) WHERE id = ?", (ids["done"],))
+    conn.close()
+    assert ids["done"] in invoke("--db", ids["db"], "runs").stdout
+    shown = invoke("--db", ids["db"], "show", ids["done"])
+    assert shown.code == 1
+    assert shown.stderr == (f"error: agentrt: not found: run {ids['done']}: its id is stored "
+                            "as a blob, not text (another tool wrote it), so it is listed by "
+                            "that text but cannot be read or decided by it; store the id as "
+                            "text\n")
+
+
+def test_an_approval_whose_id_another_tool_stored_as_a_blob_is_said_so_and_not_decided(
+        tmp_path):
+    ids = operator_db(str(tmp_path / "ops.db"))
+    conn = apsw.Connection(ids["db"])
+    conn.execute("UPDATE approvals SET id = CAST(id AS BLOB) WHERE id = ?", (ids["approval"],))
+    conn.close()
+    before = snapshot(ids["db"])
+    done = invoke("--db", ids["db"], "approve", ids["waiting"], "--yes", "--by", "op")
+    assert done.code == 1
+    assert "its id is stored as a blob, not text" in done.stderr
+    assert done.stderr.count("\n") == 1
+    assert snapshot(ids["db"]) == before

@@ -32,8 +32,8 @@ from agentrt.store.rows import (
     approval_from_row,
     events_from_rows,
     fetch,
-    not_found,
     run_from_row,
+    run_not_found,
     step_from_row,
 )
 
@@ -262,7 +262,7 @@ def run_capped(conn: apsw.Connection, run_id: str) -> Run:
     """One run with the page reads' caps; NotFoundError when there is none."""
     rows = fetch_capped(conn, _RUN_PAGE, "FROM runs WHERE id = ?", (run_id,))
     if not rows:
-        raise not_found(f"run {run_id}", run_id=run_id)
+        raise run_not_found(conn, run_id)
     return run_from_row(rows[0], lenient=True)
 
 

@@ -101,6 +101,40 @@ def not_found(what: str, **ids: object) -> Exception:
     return NotFoundError(replace_lone_surrogates(what))
 
 
+# A row another tool stored with a blob id (the runtime stores text): page
+# reads list it by the blob's text, and a lookup by that text never finds it.
+_BLOB_RUN = "SELECT 1 FROM runs WHERE typeof(id) = 'blob' AND CAST(id AS TEXT) = ? LIMIT 1"
+_BLOB_APPROVAL = ("SELECT 1 FROM approvals WHERE (typeof(id) = 'blob' OR typeof(run_id) = "
+                  "'blob') AND CAST(id AS TEXT) = ? AND CAST(run_id AS TEXT) = ? LIMIT 1")
+
+
+def run_not_found(conn: apsw.Connection, run_id: str) -> Exception:
+    """:func:`not_found` for a run, saying so when its id is stored as a blob."""
+    return _unless_a_blob(conn, f"run {run_id}", _BLOB_RUN, (run_id,), run_id=run_id)
+
+
+def approval_not_found(conn: apsw.Connection, run_id: str, approval_id: str) -> Exception:
+    """:func:`not_found` for an approval, saying so when its id or its run's is a blob."""
+    return _unless_a_blob(conn, f"approval {approval_id} of run {run_id}", _BLOB_APPROVAL,
+                          (approval_id, run_id), run_id=run_id, approval_id=approval_id)
+
+
+def _unless_a_blob(conn: apsw.Connection, what: str, sql: str, params: tuple[str, ...],
+                   **ids: object) -> Exception:
+    error = not_found(what, **ids)
+    if not isinstance(error, NotFoundError):
+        return error
+    try:
+        stored = conn.execute(sql, params).fetchall()
+    except (apsw.Error, UnicodeEncodeError):
+        stored = []
+    if not stored:
+        return error
+    return NotFoundError(f"{replace_lone_surrogates(what)}: its id is stored as a blob, not "
+                         "text (another tool wrote it), so it is listed by that text but "
+                         "cannot be read or decided by it; store the id as text")
+
+
 def fetch(
     conn: apsw.Connection, cols: Columns, rest: str, params: Sequence[Any] = ()
 ) -> list[tuple[Any, ...]]:

@@ -50,10 +50,12 @@ from agentrt.store.rows import (
     TEXT,
     Columns,
     approval_from_row,
+    approval_not_found,
     events_from_rows,
     fetch,
     model_call_from_row,
     run_from_row,
+    run_not_found,
     step_from_row,
 )
 from agentrt.store.rows import not_found as _not_found
@@ -326,7 +328,8 @@ class Store:
         """
         rows = self._rows(RUN_COLUMNS, "FROM runs WHERE id = ?", (run_id,))
         if not rows:
-            raise _not_found(f"run {run_id}", run_id=run_id)
+            with self._guarded as conn:
+                raise run_not_found(conn, run_id)
         return run_from_row(rows[0])
 
     def list_runs(self) -> list[Run]:
@@ -350,8 +353,8 @@ class Store:
         rows = self._rows(APPROVAL_COLUMNS, "FROM approvals WHERE id = ? AND run_id = ?",
                           (approval_id, run_id))
         if not rows:
-            raise _not_found(f"approval {approval_id} of run {run_id}", run_id=run_id,
-                             approval_id=approval_id)
+            with self._guarded as conn:
+                raise approval_not_found(conn, run_id, approval_id)
         return approval_from_row(rows[0])
 
     def list_model_calls(self, run_id: str) -> list[ModelCall]:
@@ -452,7 +455,8 @@ class Store:
         """
         rows = self._rows(_LEASE_COLUMNS, "FROM runs WHERE id = ?", (run_id,))
         if not rows:
-            raise _not_found(f"run {run_id}", run_id=run_id)
+            with self._guarded as conn:
+                raise run_not_found(conn, run_id)
         owner, expires_text = rows[0]
         try:
             expires = parse_time(expires_text)
