@@ -25,7 +25,8 @@ from store_helpers import worker
 
 from agentrt import cli as cli_module
 from agentrt import view
-from agentrt.store import Store, open_existing
+from agentrt.errors import NotFoundError
+from agentrt.store import Store, open_existing, open_store
 from agentrt.view import bound_raw
 
 utc = pytest.fixture(autouse=True)(local_times_in_utc)
@@ -394,3 +395,27 @@ def test_an_approval_whose_id_another_tool_stored_as_a_blob_is_said_so_and_not_d
     assert "its id is stored as a blob, not text" in done.stderr
     assert done.stderr.count("\n") == 1
     assert snapshot(ids["db"]) == before
+
+
+def test_an_approval_whose_run_id_column_alone_is_a_blob_is_not_said_to_have_a_blob_id(
+        tmp_path):
+    ids = operator_db(str(tmp_path / "ops.db"))
+    conn = apsw.Connection(ids["db"])
+    conn.execute("UPDATE approvals SET run_id = CAST(run_id AS BLOB) WHERE id = ?",
+                 (ids["approval"],))
+    conn.close()
+    with open_existing(ids["db"]) as store, pytest.raises(NotFoundError) as caught:
+        store.get_approval(ids["waiting"], ids["approval"])
+    assert str(caught.value) == (f"agentrt: not found: approval {ids['approval']} "
+                                 f"of run {ids['waiting']}")
+
+
+def test_the_blob_id_checks_of_a_miss_are_index_lookups_not_scans() -> None:
+    """A miss costs what a hit does however many runs there are (docs/operator.md:
+    a huge database costs a page)."""
+    from agentrt.store import rows
+
+    with open_store(":memory:") as store:
+        for sql, params in ((rows._BLOB_RUN, ("r",)), (rows._BLOB_APPROVAL, ("a", "r"))):
+            plan = store.db().execute("EXPLAIN QUERY PLAN " + sql, params).fetchall()
+            assert [step[3].split()[0] for step in plan] == ["SEARCH"], plan

@@ -478,3 +478,31 @@ def test_a_generation_that_cannot_stage_a_file_names_the_staged_file(tmp_path: P
     assert done.returncode == 1
     assert done.stderr.startswith(f"fixtures: cannot write {out / 'runs.jsonl.tmp'}: ")
     assert sorted(os.listdir(out)) == ["runs.jsonl.tmp"]
+
+
+def test_a_staged_name_left_as_a_symlink_is_replaced_not_written_through(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    notes = tmp_path / "notes.txt"
+    notes.write_bytes(b"someone's notes\n")
+    os.symlink(notes, out / "runs.jsonl.tmp")
+    done = _generate(str(out))
+    assert done.returncode == 0, done.stderr
+    assert notes.read_bytes() == b"someone's notes\n"
+    assert not os.path.islink(out / "runs.jsonl")
+    assert (out / "runs.jsonl").read_bytes() == JSONL.read_bytes()
+
+
+@pytest.mark.parametrize("args", [["--help", "out"], ["-h", "out"], ["out", "more"]])
+def test_generate_with_help_or_two_paths_prints_only_the_usage(tmp_path: Path,
+                                                               args: list[str]) -> None:
+    done = _generate(*args, cwd=str(tmp_path))
+    assert (done.returncode, done.stderr) == (2, "usage: python -m fixtures.generate OUTDIR\n")
+    assert os.listdir(tmp_path) == []
+
+
+def test_generate_takes_a_directory_named_like_an_option_after_a_double_dash(
+        tmp_path: Path) -> None:
+    done = _generate("--", "-out", cwd=str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert sorted(os.listdir(tmp_path / "-out")) == ["runs.db", "runs.jsonl", "spans.json"]
