@@ -4,6 +4,7 @@ the two C modules built where a compiler is."""
 
 from __future__ import annotations
 
+import importlib
 import shlex
 import shutil
 import sysconfig
@@ -60,34 +61,28 @@ def test_the_license_is_declared_as_spdx_with_its_text() -> None:
     assert all((ROOT / f).is_file() for f in project["license-files"])
 
 
-def _compiler_is_here() -> bool:
-    return shutil.which(shlex.split(sysconfig.get_config_var("CC") or "cc")[0]) is not None
+def _built_where_a_compiler_is(module: str, function: str, user: object, attr: str) -> None:
+    """An optional C module is built wherever a compiler is (a missing one is a
+    failed build), and ``user.attr`` is its function, or None without it."""
+    try:
+        built = getattr(importlib.import_module(module), function)
+    except ImportError:
+        compiler = shlex.split(sysconfig.get_config_var("CC") or "cc")[0]
+        assert shutil.which(compiler) is None, (
+            f"{module} was not built although a C compiler is here: see pip's output")
+        assert getattr(user, attr) is None
+    else:
+        assert getattr(user, attr) is built
 
 
 def test_the_c_record_writer_is_built_where_a_compiler_is() -> None:
-    """agentrt._jsonlpage is optional at install; where a compiler is, a missing
-    module is a failed build, and the JSONL export would be 2.5x slower."""
-    try:
-        from agentrt._jsonlpage import join_records
-    except ImportError:
-        assert not _compiler_is_here(), (
-            "agentrt._jsonlpage was not built although a C compiler is here: see pip's output")
-        assert trace._join_records is None
-    else:
-        assert trace._join_records is join_records
+    """Without agentrt._jsonlpage the JSONL export would be 2.5x slower."""
+    _built_where_a_compiler_is("agentrt._jsonlpage", "join_records", trace, "_join_records")
 
 
 def test_the_c_page_builder_is_built_where_a_compiler_is() -> None:
-    """agentrt._eventrows is optional at install; where a compiler is, a missing
-    module is a failed build, and a follower's page reads would cost a seventh more."""
-    try:
-        from agentrt._eventrows import events_of
-    except ImportError:
-        assert not _compiler_is_here(), (
-            "agentrt._eventrows was not built although a C compiler is here: see pip's output")
-        assert pages._events_of is None
-    else:
-        assert pages._events_of is events_of
+    """Without agentrt._eventrows a follower's page reads would cost a seventh more."""
+    _built_where_a_compiler_is("agentrt._eventrows", "events_of", pages, "_events_of")
 
 
 def test_every_package_of_the_tree_is_in_the_distribution() -> None:
