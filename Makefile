@@ -34,8 +34,11 @@ constraints:
 demo: install
 	$(BIN)/python -m agentrt.demo demo.db
 
+# Two workers (the CI machine has two cores; most of a test's time is spent
+# waiting on a child process, a disk sync or a socket). A module's tests stay in
+# one worker, so its module-scoped receivers and databases are made once.
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 stress: install
 	AGENTRT_STRESS=1 $(BIN)/python -m pytest -q -m slow
