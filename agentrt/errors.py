@@ -18,6 +18,7 @@ __all__ = [
     "EncodeError",
     "InsecureModeError",
     "LeaseLostError",
+    "NOT_A_REGULAR_FILE",
     "NotFoundError",
     "NotPendingError",
     "RunLeasedError",
@@ -188,6 +189,10 @@ def mode_string(mode: int) -> str:
     return head + "".join(c if mode & (1 << (8 - i)) else "-" for i, c in enumerate("rwxrwxrwx"))
 
 
+#: The reason :class:`InsecureModeError` gives a sidecar that is not a file.
+NOT_A_REGULAR_FILE = "which is not a regular file"
+
+
 class InsecureModeError(AgentrtError):
     """A database or WAL file others could write, or a sidecar we cannot trust."""
 
@@ -195,11 +200,15 @@ class InsecureModeError(AgentrtError):
         self.path = path
         self.mode = mode
         self.reason = reason
-        self.detail = (
-            f"{path} is {mode_string(mode)}, {reason}; the runtime keeps its "
-            f"database readable and writable by its owner only: chmod 600 {path} and "
-            "chown it to the user that runs the runtime"
-        )
+        if reason == NOT_A_REGULAR_FILE:
+            # chmod would follow a link to the file it names; the fix is the name's.
+            fix = (f"SQLite makes it as a regular file of the database's owner, and a link "
+                   f"or anything else there would take the database's writes elsewhere: "
+                   f"remove it (rm {path}) once no process has the database open")
+        else:
+            fix = (f"the runtime keeps its database readable and writable by its owner only: "
+                   f"chmod 600 {path} and chown it to the user that runs the runtime")
+        self.detail = f"{path} is {mode_string(mode)}, {reason}; {fix}"
         Exception.__init__(self, f"agentrt: {self.detail}")
 
 

@@ -12,8 +12,9 @@ from store_helpers import T0, build_old_database, file_state, raw
 
 from agentrt import DEFAULT_LEASE_TTL, SchemaVersionError, chain_hash, open_existing, open_store
 from agentrt.records import PRE_LEASE_OWNER
-from agentrt.store import migrations
+from agentrt.store import migrations, opening
 from agentrt.store.migrations import MIGRATIONS
+from agentrt.store.opening import StoreOpenError
 
 
 def test_released_migrations_are_unchanged():
@@ -193,7 +194,7 @@ def test_migration_backfills_long_events_in_chunks(tmp_path):
                                     "step.tool_finished", big.encode())
 
 
-def test_migrations_apply_in_one_transaction(tmp_path):
+def test_migrations_apply_in_one_transaction(tmp_path, monkeypatch):
     """A migration that fails leaves the database at its old version, untouched."""
     path = tmp_path / "v5.db"
     conn = build_old_database(path, 5)
@@ -201,6 +202,9 @@ def test_migrations_apply_in_one_transaction(tmp_path):
     conn.execute("CREATE TABLE tool_specs (unrelated TEXT)")  # migration 6 cannot create it
     conn.close()
     os.chmod(path, 0o600)
+    # Past the check that refuses such a file before writing (tested below): the
+    # migration itself fails, part-way.
+    monkeypatch.setattr(opening, "migration_clash", lambda conn, version: None)
     with pytest.raises(Exception, match="tool_specs already exists"):
         open_store(str(path))
     conn = raw(path)
@@ -208,6 +212,79 @@ def test_migrations_apply_in_one_transaction(tmp_path):
     cols = {r[1] for r in conn.execute("PRAGMA table_info(events)")}
     assert "hash" not in cols  # the ALTERs before the failure were rolled back too
     conn.close()
+
+
+@pytest.mark.parametrize(("version", "change", "said"), [
+    (0, "CREATE TABLE runs (x); INSERT INTO runs VALUES (1)",
+     "holds a table named runs, which agentrt creates"),
+    (0, "CREATE TABLE other (x); CREATE INDEX Events_Run ON other (x)",
+     "holds an index named events_run, which agentrt creates"),
+    (5, "CREATE TABLE tool_specs (unrelated TEXT)",
+     "holds a table named tool_specs, which agentrt creates"),
+    (5, "ALTER TABLE events ADD COLUMN Hash TEXT",
+     "has a column hash in its table events, which agentrt adds"),
+    (3, "ALTER TABLE runs ADD COLUMN lease_owner TEXT",
+     "has a column lease_owner in its table runs, which agentrt adds"),
+    (3, "DROP TABLE approvals",
+     "has no table approvals, which agentrt's migrations add a column to"),
+])
+def test_a_file_the_migrations_could_not_complete_is_refused_before_anything_is_written(
+        tmp_path, version, change, said):
+    """Another program's database with one of the runtime's names, or an older
+    one whose tables another program changed: refused in one sentence, the file
+    as it was (not even switched to WAL, which a failed migration left it)."""
+    path = str(tmp_path / "other.db")
+    if version:
+        build_old_database(path, version).close()
+        conn = raw(path)
+        conn.execute("PRAGMA journal_mode=DELETE")
+    else:
+        conn = apsw.Connection(path)
+    conn.execute(change)
+    conn.close()
+    os.chmod(path, 0o600)
+    before = file_state(path)
+    with pytest.raises(StoreOpenError) as info:
+        open_store(path)
+    assert str(info.value) == (
+        f"agentrt: open store: {path} {said}, so it cannot be migrated to agentrt's schema: it "
+        "is another program's database, or one another program changed; nothing was written: "
+        "name a new file, or open a copy agentrt made")
+    assert file_state(path) == before
+    assert sorted(os.listdir(tmp_path)) == ["other.db"]
+
+
+def test_a_file_of_other_tables_only_takes_the_runtime_s_beside_them(tmp_path):
+    path = str(tmp_path / "shared.db")
+    conn = apsw.Connection(path)
+    conn.execute("CREATE TABLE inventory (item TEXT); INSERT INTO inventory VALUES ('bolt')")
+    conn.close()
+    os.chmod(path, 0o600)
+    with open_store(path) as store:
+        assert store.db().execute("SELECT item FROM inventory").fetchall() == [("bolt",)]
+
+
+@pytest.mark.parametrize("version", [-1, -3])
+def test_a_negative_schema_version_is_refused_by_every_opener_before_anything_is_written(
+        tmp_path, version):
+    """Neither older nor newer: migrating it ran the last migration first (a
+    negative index) and failed inside, the file switched to WAL."""
+    path = str(tmp_path / "neg.db")
+    conn = apsw.Connection(path)
+    conn.execute("CREATE TABLE schema_migrations "
+                 "(version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)")
+    conn.execute("INSERT INTO schema_migrations VALUES (?, '2026-01-01T00:00:00Z')", (version,))
+    conn.close()
+    os.chmod(path, 0o600)
+    before = file_state(path)
+    for opener in (open_store, open_existing):
+        with pytest.raises(SchemaVersionError) as info:
+            opener(path)
+        assert str(info.value) == (
+            f"agentrt: database schema version does not match this build: {path} is at version "
+            f"{version}, which no agentrt build writes: it is not a database an agentrt consumer "
+            "made; name the file one made")
+        assert file_state(path) == before
 
 
 def test_a_build_that_knows_fewer_migrations_refuses_the_migrated_database(

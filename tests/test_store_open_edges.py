@@ -286,10 +286,14 @@ def test_an_insecure_mode_is_shown_as_go_shows_it(tmp_path, kind, shown, reason)
     for opener in (open_store, open_existing):
         with pytest.raises(InsecureModeError) as info:
             opener(path)
-        assert str(info.value) == (
-            f"agentrt: {side} is {shown}, {reason}; the runtime keeps its database readable "
-            f"and writable by its owner only: chmod 600 {side} and chown it to the user that "
-            "runs the runtime")
+        if reason == "which is not a regular file":  # chmod would follow a link: remove it
+            fix = ("SQLite makes it as a regular file of the database's owner, and a link or "
+                   "anything else there would take the database's writes elsewhere: remove it "
+                   f"(rm {side}) once no process has the database open")
+        else:
+            fix = ("the runtime keeps its database readable and writable by its owner only: "
+                   f"chmod 600 {side} and chown it to the user that runs the runtime")
+        assert str(info.value) == f"agentrt: {side} is {shown}, {reason}; {fix}"
 
 
 # -- a -wal and -shm left read-only by a read of a database its owner froze -------------
@@ -359,3 +363,42 @@ def test_a_shm_this_user_cannot_make_writable_is_named_with_its_fix(tmp_path, op
         f"(-r--------, owner uid {os.getuid()}) and this needs to write it: as its owner, "
         f"chmod 600 {path}-shm")
     assert file_state(path) == before
+
+
+# -- a new database: nothing is created for a refusal, and a create that fails says why ---
+
+def test_a_new_database_refused_for_its_sidecar_is_not_created(tmp_path):
+    """A -wal left beside a name with no database (others may write it): the refusal
+    used to come after the new, empty database file had been made."""
+    path = str(tmp_path / "new.db")
+    Path(path + "-wal").write_bytes(b"")
+    os.chmod(path + "-wal", 0o666)
+    with pytest.raises(InsecureModeError, match="writable by group or others"):
+        open_store(path)
+    assert sorted(os.listdir(tmp_path)) == ["new.db-wal"]
+
+
+@pytest.mark.parametrize("where", ["read-only directory", "missing directory"])
+def test_a_new_database_that_cannot_be_created_says_why_and_the_fix(tmp_path, where):
+    prefix = without_file_privileges()
+    directory = tmp_path / "state"
+    if where == "read-only directory":
+        directory.mkdir()
+        os.chmod(directory, 0o500)
+        said = (f"{directory}/new.db cannot be created: this user may not write its directory "
+                f"({directory}); as the directory's owner, chmod u+w {directory}, or name a "
+                "database in a directory this user can write")
+    else:
+        said = (f"{directory}/new.db cannot be created: its directory {directory} does not "
+                f"exist; create it (mkdir -p {directory}), or name a file in an existing "
+                "directory")
+    code = ("import sys\nfrom agentrt.store import open_store\n"
+            "try:\n    open_store(sys.argv[1])\nexcept Exception as e:\n    print(e)\n")
+    try:
+        out = subprocess.run([*prefix, sys.executable, "-c", code, f"{directory}/new.db"],
+                             capture_output=True, text=True, env=child_env(), check=True).stdout
+    finally:
+        if directory.exists():
+            os.chmod(directory, 0o700)
+    assert out == f"agentrt: open store: {said}\n"
+    assert not os.path.exists(directory / "new.db")

@@ -8,6 +8,7 @@ are safe: the second waits, then finds the work done.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 
 import apsw
@@ -17,7 +18,8 @@ from agentrt.records import DEFAULT_LEASE_TTL, PRE_LEASE_OWNER
 from agentrt.store.chainread import backfill_hashes
 from agentrt.timefmt import format_time
 
-__all__ = ["MIGRATIONS", "current_version", "migrate", "refuse_newer"]
+__all__ = ["MIGRATIONS", "current_version", "migrate", "migration_clash", "refuse_newer",
+           "unknown_version"]
 
 _M1 = """
 CREATE TABLE runs (
@@ -147,8 +149,21 @@ def current_version(conn: apsw.Connection) -> int:
     return value
 
 
+def unknown_version(path: str, version: int) -> SchemaVersionError:
+    """The refusal of a version no build writes (below 0): neither older nor newer,
+    so neither migrating it nor another build's open is the fix."""
+    return SchemaVersionError(
+        f"{path} is at version {version}, which no agentrt build writes: it is not a "
+        "database an agentrt consumer made; name the file one made",
+        found=version,
+        known=len(MIGRATIONS),
+    )
+
+
 def _refuse_newer(version: int, path: str) -> None:
     known = len(MIGRATIONS)
+    if version < 0:
+        raise unknown_version(path, version)
     if version > known:
         raise SchemaVersionError(
             f"{path}: the database is at version {version}, this build knows {known}; "
@@ -156,6 +171,37 @@ def _refuse_newer(version: int, path: str) -> None:
             found=version,
             known=known,
         )
+
+
+_CREATES = re.compile(r"CREATE (?:TABLE|INDEX) (\w+)")
+_ADDS = re.compile(r"ALTER TABLE (\w+) ADD COLUMN (\w+)")
+
+
+def migration_clash(conn: apsw.Connection, version: int) -> str | None:
+    """What of a database at ``version`` the missing migrations could not make,
+    said as "holds ..." (None when nothing): a name one creates that another
+    program took, a column one adds that is there already, a table one alters
+    that is missing. Read before anything is written, so such a file is refused
+    as it was instead of failing inside the migration, switched to WAL."""
+    taken = {str(name).lower(): str(kind) for kind, name in conn.execute(
+        "SELECT lower(type), name FROM sqlite_schema WHERE name IS NOT NULL")}
+    made: set[str] = set()
+    for text in MIGRATIONS[max(version, 0):]:
+        for name in _CREATES.findall(text):
+            if name.lower() in taken:
+                kind = taken[name.lower()]
+                article = "an" if kind[:1] in ("a", "e", "i", "o", "u") else "a"
+                return f"holds {article} {kind} named {name}, which agentrt creates"
+            made.add(name.lower())
+        for table, column in _ADDS.findall(text):
+            if table.lower() in made:
+                continue
+            if table.lower() not in taken:
+                return f"has no table {table}, which agentrt's migrations add a column to"
+            columns = {str(r[1]).lower() for r in conn.execute(f"PRAGMA table_info({table})")}
+            if column.lower() in columns:
+                return f"has a column {column} in its table {table}, which agentrt adds"
+    return None
 
 
 def refuse_newer(conn: apsw.Connection, path: str) -> int:

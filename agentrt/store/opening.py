@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 import apsw
 
 from agentrt.errors import (
+    NOT_A_REGULAR_FILE,
     AgentrtError,
     InsecureModeError,
     SchemaVersionError,
@@ -29,7 +30,13 @@ from agentrt.errors import (
     mode_string,
 )
 from agentrt.records import SCHEMA_VERSION
-from agentrt.store.migrations import current_version, migrate, refuse_newer
+from agentrt.store.migrations import (
+    current_version,
+    migrate,
+    migration_clash,
+    refuse_newer,
+    unknown_version,
+)
 from agentrt.store.tx import WRITE_FAILED, write_failed
 
 __all__ = [
@@ -83,7 +90,7 @@ def _is_utf8(text: str) -> bool:
 
 def _check_one(path: str, st: os.stat_result, db_uid: int, sidecar: bool) -> None:
     if sidecar and not stat.S_ISREG(st.st_mode):
-        raise InsecureModeError(path, st.st_mode, "which is not a regular file")
+        raise InsecureModeError(path, st.st_mode, NOT_A_REGULAR_FILE)
     if sidecar and st.st_uid != db_uid:
         raise InsecureModeError(path, st.st_mode, "owned by another user than the database")
     if st.st_mode & 0o022:
@@ -103,12 +110,14 @@ def secure_files(path: str, *, create: bool, write: bool) -> None:
     if not _MODES_MEAN_OWNERSHIP:
         return
     if create:
+        if not os.path.lexists(path):
+            _sidecars(path, os.geteuid())  # a refusal creates no file
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             pass  # another creator won the race; the checks below still apply
         except OSError as exc:
-            raise StoreOpenError(f"cannot create {path}: {exc.strerror}") from exc
+            raise StoreOpenError(_cannot_create(path, exc)) from exc
         else:
             try:
                 os.fchmod(fd, 0o600)  # whatever the umask
@@ -117,20 +126,8 @@ def secure_files(path: str, *, create: bool, write: bool) -> None:
     db = _stat(path, os.stat)
     if not stat.S_ISREG(db.st_mode):
         raise StoreOpenError(f"{path} is not a regular file; name the database file itself")
-    files: list[tuple[str, os.stat_result]] = [(path, db)]
     _check_one(path, db, db.st_uid, sidecar=False)
-    # A hot -journal is rolled back into the database by the next opener, even
-    # a WAL one: whoever can write it can write the database.
-    for suffix in ("-wal", "-shm", "-journal"):
-        side = path + suffix
-        try:
-            st = os.lstat(side)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            raise StoreOpenError(f"{side}: {exc.strerror}") from exc
-        _check_one(side, st, db.st_uid, sidecar=True)
-        files.append((side, st))
+    files = [(path, db), *_sidecars(path, db.st_uid)]
     if write:
         me = os.geteuid()
         for name, st in files:
@@ -139,6 +136,41 @@ def secure_files(path: str, *, create: bool, write: bool) -> None:
                 # writer that keeps one: gone, there is nothing to tighten.
                 with contextlib.suppress(FileNotFoundError):
                     os.chmod(name, 0o600)
+
+
+def _sidecars(path: str, db_uid: int) -> list[tuple[str, os.stat_result]]:
+    """The database's ``-wal``, ``-shm`` and ``-journal`` that exist, each checked.
+
+    A hot -journal is rolled back into the database by the next opener, even
+    a WAL one: whoever can write it can write the database."""
+    found = []
+    for suffix in ("-wal", "-shm", "-journal"):
+        side = path + suffix
+        try:
+            st = os.lstat(side)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise StoreOpenError(f"{side}: {exc.strerror}") from exc
+        _check_one(side, st, db_uid, sidecar=True)
+        found.append((side, st))
+    return found
+
+
+def _cannot_create(path: str, exc: OSError) -> str:
+    """Why a new database file could not be made, and the fix."""
+    directory = os.path.dirname(path) or "."
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return (f"{path} cannot be created: this user may not write its directory "
+                f"({directory}); as the directory's owner, chmod u+w {directory}, or name a "
+                "database in a directory this user can write")
+    if exc.errno == errno.ENOENT:
+        return (f"{path} cannot be created: its directory {directory} does not exist; "
+                f"create it (mkdir -p {directory}), or name a file in an existing directory")
+    if exc.errno == errno.EROFS:
+        return (f"{path} cannot be created: {directory} is on a read-only file system; name "
+                "a database on a writable one")
+    return f"cannot create {path}: {exc.strerror}"
 
 
 def connect(uri: str, *, write: bool, create: bool = False, path: str = "") -> apsw.Connection:
@@ -670,6 +702,12 @@ def open_writer(path: str) -> tuple[apsw.Connection, apsw.Connection]:
             if _events_seq_is_not_the_rowid(conn):
                 raise _foreign_shape(
                     path, "has a table events whose seq is not its INTEGER PRIMARY KEY")
+        clash = migration_clash(conn, version) if version < SCHEMA_VERSION else None
+        if clash is not None:
+            raise StoreOpenError(
+                f"{path} {clash}, so it cannot be migrated to agentrt's schema: it is another "
+                "program's database, or one another program changed; nothing was written: "
+                "name a new file, or open a copy agentrt made")
         conn = _writable_sidecars(conns, path, real, uri)
         switch_to_wal(conn, path)
         migrate(conn, path)
@@ -800,6 +838,8 @@ def _extended(exc: apsw.Error) -> int:
 
 
 def _version_error(path: str, version: int) -> SchemaVersionError:
+    if version < 0:
+        return unknown_version(path, version)
     if version > SCHEMA_VERSION:
         side = (f"the database is newer; open it with the agentrt build that migrated it "
                 f"to version {version}")
