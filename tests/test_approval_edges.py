@@ -136,3 +136,36 @@ def test_expiring_a_grant_a_later_pause_replaced_leaves_the_waiting_run_alone(tm
         expire(store, None, stale, stale.decided_at + timedelta(hours=1))
     assert store.get_run("r").status == "WAITING_FOR_APPROVAL"
     assert [a.status for a in store.list_approvals("r")] == ["approved", "pending"]
+
+
+def test_a_resume_within_the_grant_ttl_by_its_clock_that_lost_the_race_is_told_the_run_is_not_waiting(  # noqa: E501
+        tmp_path):
+    """The slower resume read the grant while its own clock was within the grant TTL;
+    another driver, whose clock was past it, expired the grant and ended the run
+    first. It was told of 'a later pause of the step' that never happened."""
+    from agentrt.errors import RunStateError
+    from agentrt.store import open_store
+
+    db = str(tmp_path / "runs.db")
+    store = open_store(db)
+    d, _, _, _ = make(store=store, script=[call("publish")])
+    d.start("g", limits(grant_ttl=timedelta(minutes=5)), run_id="r")
+    approve(store, "r", store.list_approvals("r")[0].id, "operator", "")
+    decided_at = store.list_approvals("r")[0].decided_at
+    winner, _, _, _ = make(store=open_store(db), script=[],
+                           now=lambda: decided_at + timedelta(hours=1))
+    raced: list[str] = []
+
+    def loser_now():  # the loser has read the grant; the other driver expires it first
+        if not raced:
+            raced.append(winner.resume("r").status)
+        return decided_at + timedelta(minutes=1)  # within the TTL by this clock
+
+    loser, _, _, _ = make(store=open_store(db), script=[], now=loser_now)
+    with pytest.raises(RunStateError) as info:
+        loser.resume("r")
+    assert raced == ["CANCELLED"]
+    run = store.get_run("r")
+    assert (run.status, run.reason) == ("CANCELLED", "approval_expired")
+    assert str(info.value) == ("agentrt: run is not in the required state: run r is CANCELLED, "
+                               "not WAITING_FOR_APPROVAL")

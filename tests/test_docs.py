@@ -74,3 +74,16 @@ def test_every_test_a_doc_cites_after_a_file_is_defined_in_that_file(doc):
         if current and name not in _defined_in(current):
             wrong.append(f"{current}::{name}")
     assert not wrong, wrong
+
+
+def test_every_document_the_code_names_exists():
+    """A docstring or message sending the reader to docs/X.md names a file that is
+    there (one named a document merged into another long before)."""
+    named = {}
+    for package in ("agentrt", "agentrt_export", "agentrt_otel", "bench", "fixtures"):
+        for path in (ROOT / package).rglob("*.py"):
+            for doc in re.findall(r"\bdocs/[\w.-]+\.md\b", path.read_text()):
+                named.setdefault(doc, path.relative_to(ROOT).as_posix())
+    assert named
+    missing = {doc: where for doc, where in named.items() if not (ROOT / doc).is_file()}
+    assert not missing, missing

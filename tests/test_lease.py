@@ -9,13 +9,14 @@ import time
 from datetime import timedelta
 
 import pytest
-from _driver_kit import call, limits, make, stopped_while_deciding, types
+from _driver_kit import call, fixture_tools, limits, make, stopped_while_deciding, types
 
 from agentrt.driver import (
     FuncTool,
     Message,
     ModelConfig,
     ModelRequest,
+    ModelResponse,
     Reconciliation,
     ToolResult,
     cancel,
@@ -428,3 +429,107 @@ def test_a_refused_resume_writes_nothing_so_it_waits_for_no_writer(tmp_path):
         release.set()
         running.join(10)
     assert took < 1.0
+
+
+# -- a lease another owner took is named in the error, whoever finds it first ---------
+
+_THIEF = ("UPDATE runs SET lease_owner = 'thief/1', "
+          "lease_expires_at = '2099-01-01T00:00:00Z' WHERE id = 'r'")
+_HELD = "agentrt: run lease lost: run r is leased by thief/1 until 2099-01-01T00:00:00Z"
+
+
+def _take_the_lease(db: str) -> None:
+    other = open_store(db)
+    with other.tx() as tx:
+        tx.execute(_THIEF)
+    other.close()
+
+
+def _hi() -> ModelRequest:
+    return ModelRequest([Message("user", "hi")], max_output_tokens=5)
+
+
+def _names_the_new_owner(error: LeaseLostError) -> None:
+    """Spec 10: ErrLeaseLost wrapping ErrRunLeased when another owner holds it."""
+    assert str(error) == _HELD
+    assert isinstance(error.__cause__, RunLeasedError)
+    assert error.__cause__.owner == "thief/1"
+
+
+def test_a_model_call_on_a_run_another_owner_took_names_it_once(tmp_path):
+    """The dispatch's write finds the new owner: the sentence said 'agentrt:' twice."""
+    db = str(tmp_path / "r.db")
+    model = ScriptedModel([ModelResponse("a")])
+
+    def decide(step):
+        _take_the_lease(db)  # before any heartbeat tick: the dispatch's write finds it
+        step.model.generate(_hi())
+        return Decision.complete()
+
+    d, _, _, _ = make(store=open_store(db), script=[decide], model=ModelConfig(model))
+    with pytest.raises(LeaseLostError) as info:
+        d.start("g", limits(), run_id="r")
+    assert model.requests == []
+    _names_the_new_owner(info.value)
+
+
+def test_a_lease_the_heartbeat_found_taken_between_two_model_calls_names_the_new_owner(
+        tmp_path):
+    db = str(tmp_path / "r.db")
+    model = ScriptedModel([ModelResponse("a"), ModelResponse("b")])
+
+    def decide(step):
+        step.model.generate(_hi())
+        _take_the_lease(db)
+        deadline = time.monotonic() + 10
+        while step.model._lease.ok() and time.monotonic() < deadline:  # the heartbeat's turn
+            time.sleep(0.01)
+        step.model.generate(_hi())
+        return Decision.complete()
+
+    d, _, _, _ = make(store=open_store(db), script=[decide], model=ModelConfig(model),
+                      lease_ttl=0.3)
+    with pytest.raises(LeaseLostError) as info:
+        d.start("g", limits(), run_id="r")
+    assert len(model.requests) == 1
+    _names_the_new_owner(info.value)
+
+
+def test_a_lease_the_heartbeat_found_taken_between_two_steps_names_the_new_owner(tmp_path):
+    db = str(tmp_path / "r.db")
+    calls: list = []
+    sessions: list = []
+
+    def observer(event):  # consumer code between two steps (or a process frozen there)
+        if event.type == "step.tool_finished":
+            _take_the_lease(db)
+            lease = d._live["r"].lease
+            deadline = time.monotonic() + 10
+            while not lease.lost and time.monotonic() < deadline:  # the heartbeat's turn
+                time.sleep(0.01)
+            sessions.append(lease.lost)
+
+    d, _, _, _ = make(store=open_store(db), tools=fixture_tools(calls), observer=observer,
+                      script=[call("write", b'{"n":1}'), call("write", b'{"n":2}'),
+                              Decision.complete()], lease_ttl=0.3)
+    with pytest.raises(LeaseLostError) as info:
+        d.start("g", limits(), run_id="r")
+    assert sessions == [True] and len(calls) == 1
+    _names_the_new_owner(info.value)
+
+
+def test_a_resume_that_loses_the_lease_during_its_recovery_raises_lease_lost():
+    """Taken over (step.interrupted written), then lost to another owner while the
+    reconcile function ran: lost, not the refusal a resume that changed nothing gets."""
+    _, store = stopped_while_deciding("r")
+
+    def reconcile(view):
+        with store.tx() as tx:  # another process takes the run meanwhile
+            tx.execute(_THIEF)
+        return Reconciliation("continue")
+
+    d, _, _, _ = make(store=store, script=[None, Decision.complete()], reconcile=reconcile)
+    with pytest.raises(LeaseLostError) as info:
+        d.resume("r")
+    assert "step.interrupted" in types(store, "r")
+    _names_the_new_owner(info.value)

@@ -1,7 +1,7 @@
 """The agent loop: agent decides, policy rules, a person approves, tools run.
 
 Every transition commits in one transaction with the events that explain it.
-See ``docs/architecture-loop.md`` for the loop, approvals, interruption and
+See ``docs/architecture.md`` ("The loop") for the loop, approvals, interruption and
 the lease, each claim beside the test that proves it.
 """
 

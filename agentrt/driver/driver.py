@@ -294,7 +294,11 @@ class Driver:
             return s.fail_internal(str(exc), from_)
         except apsw.TooBigError as exc:
             return s.fail_internal(too_big_text(exc), from_)
-        except RunStateError:
+        except RunStateError as exc:
+            if isinstance(exc, RunLeasedError) and s.lease.expires_at is not None:
+                # It took the run over (its lease was written) and another owner took
+                # it since, during the recovery: lost, not refused (spec 6.2).
+                return s.lost(exc)
             # an operator's cancel won the race with the resume's first write:
             # the run is returned, as the loop returns it at its next write
             run = s.core.store.get_run(s.run_id)

@@ -18,16 +18,30 @@ from datetime import UTC, datetime, timedelta
 
 import apsw
 
+from agentrt.errors import LeaseLostError, RunLeasedError
+from agentrt.records import Run, RunStatus
 from agentrt.store import Store
 from agentrt.store.writes import release_lease, renew_lease
 
-__all__ = ["Lease", "WallClock", "lease_owner_id", "wall_now"]
+__all__ = ["Lease", "WallClock", "lease_owner_id", "lost_to_another", "wall_now"]
 
 WallClock = Callable[[], datetime]
 
 
 #: The wall clock, ``datetime.now(UTC)``, as a partial (no Python frame per reading).
 wall_now: Callable[[], datetime] = functools.partial(datetime.now, UTC)
+
+
+def lost_to_another(run: Run, owner: str) -> LeaseLostError | None:
+    """The error for a run ``owner`` no longer holds because another owner holds it
+    now: LeaseLostError naming that owner, caused by its RunLeasedError (spec 10),
+    as a write that found it says. None when no other owner holds ``run``."""
+    if run.status != RunStatus.RUNNING or not run.lease_owner or run.lease_owner == owner:
+        return None
+    leased = RunLeasedError(run.id, run.lease_owner, run.lease_expires_at)
+    lost = LeaseLostError(leased.detail)
+    lost.__cause__ = leased
+    return lost
 
 
 def lease_owner_id(name: str, token: str = "") -> str:

@@ -646,10 +646,13 @@ def resume_run(s: Session, grant: Approval, resumed_at: Any, wall_at: Any, tx: A
     The grant must still be the step's latest approval, and approved: a slower
     resumer that read it before another process paused the step again (a new
     approval, the run WAITING as before) would otherwise act on a replaced
-    grant, and run the tool a second time that no one approved."""
-    require_latest(tx, grant, ApprovalStatus.APPROVED.value)
+    grant, and run the tool a second time that no one approved. The run is
+    checked first: a resumer that lost the race to expire the grant (the run
+    ended) is told the run is no longer waiting, not of a pause that never was;
+    the transaction undoes the move when the grant is refused."""
     transition(tx, s.run_id, WAITING, RunStatus.RUNNING.value, lease_owner=s.core.owner,
                lease_expires=wall_at + s.core.lease_ttl)
+    require_latest(tx, grant, ApprovalStatus.APPROVED.value)
     s.lease.taking()  # the compare-and-set above refuses a concurrent resume's loser first
     s.append(tx, grant.step_id, resumed_at, EventType.RUN_RESUMED, {"approval_id": grant.id})
 

@@ -44,7 +44,7 @@ from agentrt.driver.errors import (
     _retry_after,
     find_cause,
 )
-from agentrt.driver.lease import Lease, WallClock
+from agentrt.driver.lease import Lease, WallClock, lost_to_another
 from agentrt.driver.worker import call_in_thread
 from agentrt.errors import (
     LeaseLostError,
@@ -445,7 +445,7 @@ class ModelCaller:
             if self._cancel.done:  # cancelled, or the caller's deadline passed (its timer may lag)
                 raise CancelledError(self._cancel.reason)
             if not self._lease.ok():
-                raise LeaseLostError(f"run {self._run_id}: {_lease_gone(self._lease)}")
+                raise self._lease_lost()
             reservation = self._reserve(cap, estimate, estimate_cost)
             try:
                 outcome = self._attempt(attempt, request, estimate, estimate_cost, reservation)
@@ -543,6 +543,16 @@ class ModelCaller:
                     return None
         return wait
 
+    def _lease_lost(self) -> LeaseLostError:
+        """Why no attempt may start once the lease is gone: the owner that holds
+        the run now when the heartbeat found one, as the dispatch's write would."""
+        if self._lease.lost:
+            with contextlib.suppress(NotFoundError):
+                taken = lost_to_another(self._store.get_run(self._run_id), self._owner)
+                if taken is not None:
+                    return taken
+        return LeaseLostError(f"run {self._run_id}: {_lease_gone(self._lease)}")
+
     # -- one attempt ---------------------------------------------------------
 
     def _attempt(self, attempt: int, request: ModelRequest, estimate: Usage,
@@ -560,8 +570,10 @@ class ModelCaller:
                           {"attempt": attempt, "call_id": call_id, "model": self._name})
         except LeaseLostError:
             raise
-        except (RunStateError, NotFoundError) as exc:  # another owner, or the run ended
-            raise LeaseLostError(f"run {self._run_id}: {exc}") from exc
+        except RunStateError as exc:  # another owner (named, and the cause), or the run ended
+            raise LeaseLostError(exc.detail) from exc
+        except NotFoundError as exc:
+            raise LeaseLostError(f"run {self._run_id} is no longer in the database") from exc
         except apsw.TooBigError as exc:  # nothing was written: only the name is the model's
             raise ModelUnavailableError(attempt, (
                 f"the model's name ({len(self._name)} characters) is too large to store "

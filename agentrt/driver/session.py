@@ -25,7 +25,7 @@ from agentrt.driver.cancel import CancelToken
 from agentrt.driver.core import Core
 from agentrt.driver.errors import CancelledError
 from agentrt.driver.jsonenc import encode
-from agentrt.driver.lease import Lease
+from agentrt.driver.lease import Lease, lost_to_another
 from agentrt.driver.model import InFlight
 from agentrt.driver.policy import RunView
 from agentrt.driver.snapshot import Snapshot, copy_run
@@ -550,6 +550,9 @@ class Session:
             raise exc
         if isinstance(exc, RunLeasedError):
             raise LeaseLostError(exc.detail) from exc
+        taken = lost_to_another(run, self.core.owner)
+        if taken is not None:  # the heartbeat found it first: who holds it, all the same
+            raise taken
         if (run.status == RunStatus.RUNNING and run.lease_owner == self.core.owner
                 and run.lease_expires_at is not None):
             # still ours by name: it lapsed (a frozen process, a starved heartbeat)
