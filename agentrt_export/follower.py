@@ -398,7 +398,7 @@ class Follower:
                     return
                 if waiter is None:
                     waiter = open_waiter(self.store.path)
-                if not self._wait_for_change(version, waiter, stop):
+                if not self._wait_for_change(version, waiter, stop, path, opened):
                     return
         finally:
             if waiter is not None:
@@ -425,8 +425,14 @@ class Follower:
         except NotFoundError:
             return None
 
-    def _wait_for_change(self, version: int, waiter: ChangeWaiter, stop: threading.Event) -> bool:
-        """Wait until the database changed since ``version``; False if stopped."""
+    def _wait_for_change(self, version: int, waiter: ChangeWaiter, stop: threading.Event,
+                         path: str, opened: tuple[int, int] | None) -> bool:
+        """Wait until the database changed since ``version``, or the file at ``path``
+        is no longer the one ``opened`` (the next read says so); False if stopped.
+
+        A file replaced or removed together with its -wal and -shm (a restore
+        from backup) leaves this connection on the old, unlinked files, whose
+        ``data_version`` never moves again: only the name tells."""
         if self.interval is not None:
             timeout = self.interval
         else:
@@ -440,6 +446,8 @@ class Follower:
                 continue
             if waiter.wait(timeout, stop):
                 settle_until = time.monotonic() + SETTLE_WINDOW
+            if opened is not None and file_identity(path) != opened:
+                return True
         return False
 
 

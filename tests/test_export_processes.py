@@ -802,6 +802,33 @@ def test_a_database_replaced_while_followed_stops_the_follower_before_any_of_its
         "follow the new file, with a cursor that belongs to it\n")
 
 
+@pytest.mark.parametrize("how", ["restored without its sidecars", "removed and made again"])
+def test_a_database_replaced_with_its_wal_and_shm_stops_an_idle_follower(tmp_path, how):
+    """A restore that removes the old -wal and -shm too (or rm runs.db* and a new
+    database): the follower's connection stays on the old, unlinked files, whose
+    data_version never moves, so it used to wait for ever, saying nothing. The
+    name is checked at each wake-up as well."""
+    db, other = str(tmp_path / "runs.db"), str(tmp_path / "other.db")
+    make_db(other, runs=1, events_per_run=3).close()
+    make_db(db, runs=3, events_per_run=5).close()
+
+    def replace() -> None:
+        if how == "removed and made again":
+            os.remove(db)
+        os.replace(other, db)
+        for sidecar in ("-wal", "-shm"):
+            os.remove(db + sidecar)
+        with open_store(db) as store:
+            add_run(store, "in-the-new-file", 20)
+
+    seqs, out, err, code = _follow_through(db, replace)
+    assert (seqs, out, code) == (list(range(1, 16)), b"", 1)
+    assert err.decode() == (
+        f"error: export: {db} was replaced by another file while it was followed; nothing "
+        "of the new file was delivered (the last event delivered is seq 15): start again to "
+        "follow the new file, with a cursor that belongs to it\n")
+
+
 def test_a_database_emptied_while_followed_is_said_as_such(tmp_path):
     """SQLite calls the emptied file malformed; the sentence says what happened."""
     db = str(tmp_path / "runs.db")
