@@ -468,7 +468,11 @@ def _stop_signals() -> tuple[signal.Signals, ...]:
     """SIGTERM, SIGINT and SIGHUP (the terminal closed) stop cleanly; a SIGINT
     or SIGHUP ignored on the way in stays ignored: ``nohup`` ignores SIGHUP, and
     a shell script's ``cmd &`` SIGINT, so that a Ctrl-C for the foreground
-    leaves the job alone."""
+    leaves the job alone. SIGTERM is taken even when ignored on the way in (a
+    wrapper's ``trap '' TERM``): it is how a supervisor stops the command, and
+    left ignored, only its SIGKILL would, with the page in hand sent again."""
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # stop_on_signals skips an ignored one
     wanted = (signal.SIGINT, getattr(signal, "SIGHUP", None))
     return (signal.SIGTERM, *(s for s in wanted
                               if s is not None and signal.getsignal(s) != signal.SIG_IGN))

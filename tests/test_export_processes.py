@@ -188,6 +188,29 @@ def test_a_sigint_ignored_on_the_way_in_stays_ignored_and_sigterm_still_stops_cl
     assert (proc.returncode, err) == (0, b"")
 
 
+def test_a_sigterm_ignored_on_the_way_in_still_stops_the_command_cleanly(tmp_path):
+    """A wrapper's ``trap '' TERM`` (or a supervisor that ignores it for its
+    children): left ignored, the command ran on until a SIGKILL."""
+    db = str(tmp_path / "runs.db")
+    make_db(db, runs=2, events_per_run=3).close()
+    cursor = tmp_path / "cursor"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentrt_export.cli", "jsonl", "--db", db,
+         "--cursor-file", str(cursor), "--follow"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=child_env(), cwd=REPO_ROOT,
+        preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN))
+    try:
+        wait_for_cursor(cursor, 6)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (proc.returncode, err) == (0, b"")
+    assert cursor.read_text() == "6\n"
+
+
 def test_export_follow_prints_each_new_commit_live_and_stops_cleanly_while_waiting(tmp_path):
     db = str(tmp_path / "runs.db")
     make_db(db, runs=2, events_per_run=5).close()
