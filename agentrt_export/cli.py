@@ -478,10 +478,17 @@ def _stop_signals() -> tuple[signal.Signals, ...]:
                               if s is not None and signal.getsignal(s) != signal.SIG_IGN))
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Console entry point: exit 0 ok, 1 on failure (``error: <sentence>``), 2 on usage."""
+def main(argv: list[str] | None = None, *, stopped: list[int] | None = None) -> None:
+    """Console entry point: exit 0 ok, 1 on failure (``error: <sentence>``), 2 on usage.
+
+    ``stopped`` (from :mod:`agentrt_export.entry`) holds the stop signals that
+    came before this module was loaded, and keeps getting those that come
+    until its own handlers are in: any of them and the command starts stopped.
+    """
     stopping = _stop_signals()
     stop_on_signals(_STOP, stopping)
+    if stopped:
+        _STOP.set()
     code = run_click(cli, "agentrt-export", argv)
     # Interpreter shutdown puts Python-level handlers back to the default
     # (terminate), but leaves an ignored signal ignored: the work is done and

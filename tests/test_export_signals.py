@@ -148,3 +148,46 @@ def test_stop_on_signals_calls_add_up_on_one_reader_thread():
     done = subprocess.run([sys.executable, "-c", TWO_CALLS], capture_output=True,
                           env=child_env(), cwd=REPO_ROOT, timeout=60)
     assert (done.returncode, done.stdout, done.stderr) == (0, b"1\n", b"")
+
+
+# -- a stop signal while the command is still importing ---------------------------------
+
+def _importing(pid: int) -> None:
+    """Until the child has loaded apsw: its imports are under way, main() not yet."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/maps") as maps:
+                if "apsw" in maps.read():
+                    return
+        except OSError:
+            pass
+        time.sleep(0.001)
+    raise AssertionError("the child never loaded apsw")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc/PID/maps (Linux)")
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
+                         ids=lambda s: signal.Signals(s).name)
+def test_a_stop_signal_while_the_command_imports_is_a_clean_stop(tmp_path, signum):
+    """The console script's imports take a fifth of a second: a Ctrl-C there was a
+    KeyboardInterrupt traceback, and a SIGTERM or SIGHUP killed the process. The
+    command now starts stopped: nothing read, delivered or saved, exit 0."""
+    command = os.path.join(os.path.dirname(sys.executable), "agentrt-export")
+    assert os.path.exists(command), "the console script is installed with the package"
+    db = str(tmp_path / "runs.db")
+    make_db(db, runs=1, events_per_run=3).close()
+    cursor = tmp_path / "export.cursor"
+    proc = subprocess.Popen([command, "jsonl", "--db", db, "--cursor-file", str(cursor),
+                             "--follow"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=child_env(), cwd=str(tmp_path))
+    try:
+        _importing(proc.pid)
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (proc.returncode, out, err) == (0, b"", b"")
+    assert not cursor.exists()
