@@ -202,9 +202,10 @@ class InsecureModeError(AgentrtError):
         self.reason = reason
         if reason == NOT_A_REGULAR_FILE:
             # chmod would follow a link to the file it names; the fix is the name's.
+            remove = f"rmdir {path}" if stat.S_ISDIR(mode) else f"rm {path}"
             fix = (f"SQLite makes it as a regular file of the database's owner, and a link "
                    f"or anything else there would take the database's writes elsewhere: "
-                   f"remove it (rm {path}) once no process has the database open")
+                   f"remove it ({remove}) once no process has the database open")
         else:
             fix = (f"the runtime keeps its database readable and writable by its owner only: "
                    f"chmod 600 {path} and chown it to the user that runs the runtime")

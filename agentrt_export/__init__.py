@@ -64,7 +64,14 @@ __all__ = [
 ]
 
 
+#: The submodules, reachable as attributes once the package is imported, as
+#: they were when it imported them all (``agentrt_export.follower.HeadNotFoundError``).
+_SUBMODULES = frozenset({"cli", "cursor", "entry", "follower", "signals", "sinks", "wake"})
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"agentrt_export.{name}")
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module 'agentrt_export' has no attribute {name!r}")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import importlib
 import shlex
 import shutil
+import subprocess
+import sys
 import sysconfig
 import tomllib
 from importlib import metadata
@@ -97,3 +99,19 @@ def test_every_package_of_the_tree_is_in_the_distribution() -> None:
             for p in (ROOT / top).rglob("__init__.py")}
     assert tree <= found, sorted(tree - found)
     assert {"agentrt.store", "agentrt.driver", "agentrt.view"} <= found
+
+
+def test_the_export_package_gives_its_names_and_submodules_when_first_used():
+    """The package imports lazily (so the command can take its stop signals before
+    the imports); what it gave when it imported everything at once it still gives."""
+    code = ("import sys, agentrt_export\n"
+            "assert 'agentrt_export.follower' not in sys.modules\n"
+            "print(agentrt_export.follower.HeadNotFoundError.__name__, "
+            "agentrt_export.sinks.JSONLSink.__name__, agentrt_export.Follower.__name__)\n"
+            "from agentrt_export import *\n"
+            "print(sorted(set(agentrt_export.__all__) - set(dir(agentrt_export))), FileCursor)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=str(ROOT), check=True)
+    assert done.stdout.splitlines() == [
+        "HeadNotFoundError JSONLSink Follower",
+        "[] <class 'agentrt_export.cursor.FileCursor'>"]

@@ -254,6 +254,37 @@ def test_a_file_the_migrations_could_not_complete_is_refused_before_anything_is_
     assert sorted(os.listdir(tmp_path)) == ["other.db"]
 
 
+@pytest.mark.parametrize(("version", "change", "said"), [
+    (0, "CREATE TABLE schema_migrations (version varchar NOT NULL PRIMARY KEY)",
+     "table schema_migrations has no column named applied_at"),
+    (0, "CREATE TABLE t (x); CREATE INDEX schema_migrations ON t (x)",
+     "there is already an index named schema_migrations"),
+    (4, "ALTER TABLE runs DROP COLUMN status", "no such column: status"),
+], ids=["another-programs-schema_migrations", "an-index-so-named", "a-column-a-side-step-reads"])
+def test_a_file_whose_migrations_would_fail_is_refused_with_sqlites_words_before_writing(
+        tmp_path, version, change, said):
+    """What the names alone do not tell: the migrations are rehearsed on an empty
+    in-memory copy of the file's schema, side steps included."""
+    path = str(tmp_path / "other.db")
+    if version:
+        build_old_database(path, version).close()
+        conn = raw(path)
+        conn.execute("PRAGMA journal_mode=DELETE")
+    else:
+        conn = apsw.Connection(path)
+    conn.execute(change)
+    conn.close()
+    os.chmod(path, 0o600)
+    before = file_state(path)
+    with pytest.raises(StoreOpenError) as info:
+        open_store(path)
+    assert str(info.value) == (
+        f"agentrt: open store: {path} fails its migrations ({said}), so it cannot be migrated "
+        "to agentrt's schema: it is another program's database, or one another program "
+        "changed; nothing was written: name a new file, or open a copy agentrt made")
+    assert file_state(path) == before
+
+
 def test_a_file_of_other_tables_only_takes_the_runtime_s_beside_them(tmp_path):
     path = str(tmp_path / "shared.db")
     conn = apsw.Connection(path)

@@ -4,6 +4,7 @@ case, a path naming a directory, Go's mode strings, sidecars a read left read-on
 from __future__ import annotations
 
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -287,9 +288,10 @@ def test_an_insecure_mode_is_shown_as_go_shows_it(tmp_path, kind, shown, reason)
         with pytest.raises(InsecureModeError) as info:
             opener(path)
         if reason == "which is not a regular file":  # chmod would follow a link: remove it
+            remove = "rmdir" if kind == "sticky-directory" else "rm"
             fix = ("SQLite makes it as a regular file of the database's owner, and a link or "
                    "anything else there would take the database's writes elsewhere: remove it "
-                   f"(rm {side}) once no process has the database open")
+                   f"({remove} {side}) once no process has the database open")
         else:
             fix = ("the runtime keeps its database readable and writable by its owner only: "
                    f"chmod 600 {side} and chown it to the user that runs the runtime")
@@ -378,16 +380,59 @@ def test_a_new_database_refused_for_its_sidecar_is_not_created(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["new.db-wal"]
 
 
-@pytest.mark.parametrize("where", ["read-only directory", "missing directory"])
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "directory"])
+def test_the_fix_given_for_a_sidecar_that_is_not_a_file_works(tmp_path, kind):
+    path = new_db(tmp_path)
+    side = path + "-wal"
+    if kind == "symlink":
+        os.symlink(tmp_path / "notes.txt", side)
+    elif kind == "fifo":
+        os.mkfifo(side, 0o600)
+    else:
+        os.mkdir(side, 0o700)
+    with pytest.raises(InsecureModeError) as info:
+        open_store(path)
+    fix = re.search(r"remove it \((rm(?:dir)? \S+)\)", str(info.value))
+    assert fix is not None, str(info.value)
+    subprocess.run(fix.group(1).split(" ", 1), check=True)
+    open_store(path).close()
+
+
+def test_a_new_database_refused_for_a_sidecar_that_appears_while_it_is_created_is_not_left(
+        tmp_path, monkeypatch):
+    """Another process plants a link at its -wal between the check and the create:
+    the check after the create refuses it, and the empty file just made goes too."""
+    from agentrt.store import opening
+
+    path = str(tmp_path / "new.db")
+    real_open = os.open
+
+    def racing_open(name, flags, *args, **kwargs):
+        if name == path and flags & os.O_CREAT and not os.path.lexists(path + "-wal"):
+            os.symlink(tmp_path / "elsewhere", path + "-wal")
+        return real_open(name, flags, *args, **kwargs)
+
+    monkeypatch.setattr(opening.os, "open", racing_open)
+    with pytest.raises(InsecureModeError):
+        open_store(path)
+    assert sorted(os.listdir(tmp_path)) == ["new.db-wal"]
+
+
+@pytest.mark.parametrize("where", ["read-only directory", "directory without search",
+                                   "missing directory", "under a file"])
 def test_a_new_database_that_cannot_be_created_says_why_and_the_fix(tmp_path, where):
     prefix = without_file_privileges()
     directory = tmp_path / "state"
-    if where == "read-only directory":
+    if where in ("read-only directory", "directory without search"):
         directory.mkdir()
-        os.chmod(directory, 0o500)
-        said = (f"{directory}/new.db cannot be created: this user may not write its directory "
-                f"({directory}); as the directory's owner, chmod u+w {directory}, or name a "
-                "database in a directory this user can write")
+        os.chmod(directory, 0o500 if where == "read-only directory" else 0o600)
+        said = (f"{directory}/new.db cannot be created: this user may not create files in its "
+                f"directory ({directory}); as the directory's owner, chmod u+wx {directory}, "
+                "or name a database in a directory this user can write")
+    elif where == "under a file":
+        directory.write_text("")
+        said = (f"{directory}/new.db cannot be created: a part of {directory} is a file, not a "
+                "directory; name a file in a directory")
     else:
         said = (f"{directory}/new.db cannot be created: its directory {directory} does not "
                 f"exist; create it (mkdir -p {directory}), or name a file in an existing "
@@ -398,7 +443,7 @@ def test_a_new_database_that_cannot_be_created_says_why_and_the_fix(tmp_path, wh
         out = subprocess.run([*prefix, sys.executable, "-c", code, f"{directory}/new.db"],
                              capture_output=True, text=True, env=child_env(), check=True).stdout
     finally:
-        if directory.exists():
+        if directory.is_dir():
             os.chmod(directory, 0o700)
     assert out == f"agentrt: open store: {said}\n"
     assert not os.path.exists(directory / "new.db")

@@ -19,7 +19,7 @@ from agentrt.store.chainread import backfill_hashes
 from agentrt.timefmt import format_time
 
 __all__ = ["MIGRATIONS", "current_version", "migrate", "migration_clash", "refuse_newer",
-           "unknown_version"]
+           "rehearse", "unknown_version"]
 
 _M1 = """
 CREATE TABLE runs (
@@ -202,6 +202,40 @@ def migration_clash(conn: apsw.Connection, version: int) -> str | None:
             if column.lower() in columns:
                 return f"has a column {column} in its table {table}, which agentrt adds"
     return None
+
+
+def rehearse(conn: apsw.Connection, version: int) -> str | None:
+    """SQLite's words for what stops the missing migrations of ``conn``'s
+    database, at ``version``, found by running them, side steps included, on
+    an empty in-memory copy of its schema (None when they would run).
+
+    What :func:`migration_clash` does not name fails here instead of inside
+    the real migration, after the switch to WAL: another program's table
+    called ``schema_migrations``, a column a side step reads that another
+    program dropped. A schema that cannot be copied (a virtual table of a
+    module this SQLite lacks) is not judged."""
+    schema = [str(sql) for (sql,) in conn.execute(
+        "SELECT sql FROM sqlite_schema WHERE sql IS NOT NULL "
+        "AND name NOT LIKE 'sqlite!_%' ESCAPE '!' ORDER BY rowid")]
+    if not schema:
+        return None  # a new file: nothing there to stop them
+    copy = apsw.Connection(":memory:")
+    try:
+        try:
+            for sql in schema:
+                copy.execute(sql)
+        except apsw.Error:
+            return None
+        try:
+            if version > 0:
+                copy.execute("INSERT INTO schema_migrations (version, applied_at) VALUES (?, '')",
+                             (version,))
+            migrate(copy, ":memory:")
+        except apsw.SQLError as exc:
+            return str(exc).removeprefix("SQLError: ")
+        return None
+    finally:
+        copy.close()
 
 
 def refuse_newer(conn: apsw.Connection, path: str) -> int:

@@ -35,6 +35,7 @@ from agentrt.store.migrations import (
     migrate,
     migration_clash,
     refuse_newer,
+    rehearse,
     unknown_version,
 )
 from agentrt.store.tx import WRITE_FAILED, write_failed
@@ -109,9 +110,10 @@ def secure_files(path: str, *, create: bool, write: bool) -> None:
     """
     if not _MODES_MEAN_OWNERSHIP:
         return
+    created = False
     if create:
         if not os.path.lexists(path):
-            _sidecars(path, os.geteuid())  # a refusal creates no file
+            _sidecars(path, os.geteuid(), creating=True)  # a refusal creates no file
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
@@ -119,15 +121,22 @@ def secure_files(path: str, *, create: bool, write: bool) -> None:
         except OSError as exc:
             raise StoreOpenError(_cannot_create(path, exc)) from exc
         else:
+            created = True
             try:
                 os.fchmod(fd, 0o600)  # whatever the umask
             finally:
                 os.close(fd)
-    db = _stat(path, os.stat)
-    if not stat.S_ISREG(db.st_mode):
-        raise StoreOpenError(f"{path} is not a regular file; name the database file itself")
-    _check_one(path, db, db.st_uid, sidecar=False)
-    files = [(path, db), *_sidecars(path, db.st_uid)]
+    try:
+        db = _stat(path, os.stat)
+        if not stat.S_ISREG(db.st_mode):
+            raise StoreOpenError(f"{path} is not a regular file; name the database file itself")
+        _check_one(path, db, db.st_uid, sidecar=False)
+        files = [(path, db), *_sidecars(path, db.st_uid)]
+    except AgentrtError:
+        if created:  # a sidecar that appeared since the check: the empty file goes too
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        raise
     if write:
         me = os.geteuid()
         for name, st in files:
@@ -138,12 +147,15 @@ def secure_files(path: str, *, create: bool, write: bool) -> None:
                     os.chmod(name, 0o600)
 
 
-def _sidecars(path: str, db_uid: int) -> list[tuple[str, os.stat_result]]:
+def _sidecars(path: str, db_uid: int, *, creating: bool = False,
+              ) -> list[tuple[str, os.stat_result]]:
     """The database's ``-wal``, ``-shm`` and ``-journal`` that exist, each checked.
 
     A hot -journal is rolled back into the database by the next opener, even
-    a WAL one: whoever can write it can write the database."""
-    found = []
+    a WAL one: whoever can write it can write the database. ``creating`` (the
+    database is not there yet): a path that cannot be looked up is left to the
+    create, which says it of the database the user named."""
+    found: list[tuple[str, os.stat_result]] = []
     for suffix in ("-wal", "-shm", "-journal"):
         side = path + suffix
         try:
@@ -151,6 +163,8 @@ def _sidecars(path: str, db_uid: int) -> list[tuple[str, os.stat_result]]:
         except FileNotFoundError:
             continue
         except OSError as exc:
+            if creating:
+                return found
             raise StoreOpenError(f"{side}: {exc.strerror}") from exc
         _check_one(side, st, db_uid, sidecar=True)
         found.append((side, st))
@@ -161,12 +175,15 @@ def _cannot_create(path: str, exc: OSError) -> str:
     """Why a new database file could not be made, and the fix."""
     directory = os.path.dirname(path) or "."
     if exc.errno in (errno.EACCES, errno.EPERM):
-        return (f"{path} cannot be created: this user may not write its directory "
-                f"({directory}); as the directory's owner, chmod u+w {directory}, or name a "
-                "database in a directory this user can write")
+        return (f"{path} cannot be created: this user may not create files in its "
+                f"directory ({directory}); as the directory's owner, chmod u+wx {directory}, "
+                "or name a database in a directory this user can write")
     if exc.errno == errno.ENOENT:
         return (f"{path} cannot be created: its directory {directory} does not exist; "
                 f"create it (mkdir -p {directory}), or name a file in an existing directory")
+    if exc.errno == errno.ENOTDIR:
+        return (f"{path} cannot be created: a part of {directory} is a file, not a "
+                "directory; name a file in a directory")
     if exc.errno == errno.EROFS:
         return (f"{path} cannot be created: {directory} is on a read-only file system; name "
                 "a database on a writable one")
@@ -702,7 +719,12 @@ def open_writer(path: str) -> tuple[apsw.Connection, apsw.Connection]:
             if _events_seq_is_not_the_rowid(conn):
                 raise _foreign_shape(
                     path, "has a table events whose seq is not its INTEGER PRIMARY KEY")
-        clash = migration_clash(conn, version) if version < SCHEMA_VERSION else None
+        clash = None
+        if version < SCHEMA_VERSION:
+            clash = migration_clash(conn, version)
+            if clash is None:
+                failed = rehearse(conn, version)
+                clash = None if failed is None else f"fails its migrations ({failed})"
         if clash is not None:
             raise StoreOpenError(
                 f"{path} {clash}, so it cannot be migrated to agentrt's schema: it is another "
