@@ -48,6 +48,7 @@ from agentrt_otel.complaints import (
     ATTEMPTS_LOGGER,
     CLIENT_CERTIFICATE_WANTED,
     NO_TIME_LEFT,
+    collector_text,
     gist,
 )
 
@@ -84,7 +85,8 @@ class NotOTLPAnswer(Exception):
 def say_rejected(rejected: int, message: str) -> None:
     """The default :data:`OnRejected`: one warning line."""
     _log.warning("otel: the collector accepted a request but rejected %d of its spans (%s); "
-                 "they are not sent again, as OTLP says", rejected, message or "no reason given")
+                 "they are not sent again, as OTLP says", rejected,
+                 collector_text(message) or "no reason given")
 
 
 def _partial_success(response: Any, on_rejected: OnRejected) -> None:

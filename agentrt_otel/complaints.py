@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import re
 
+from agentrt.trace import sanitize
 from agentrt_otel.http_failures import CLIENT_CERT_VARIABLES
 
 __all__ = ["ATTEMPTS_LOGGER", "CLIENT_CERTIFICATE_WANTED", "NO_TIME_LEFT", "SDK_EXPORTER_LOGGER",
@@ -76,7 +77,18 @@ def gist(message: str) -> str:
     """The part of an SDK exporter message that says why: the OS error of a
     connection that failed, a gRPC status and its details (a collector's
     whole, gRPC's own words for a connection that failed cut to the cause they
-    end with), else the message (its first line, at most 200 characters)."""
+    end with), else the message (its first line, at most 200 characters).
+    Safe on a terminal line: a collector's words are not ours to print raw."""
+    return sanitize(_gist(message))
+
+
+def collector_text(text: str) -> str:
+    """Words that came from a collector (or over its connection), as one line of
+    at most 200 characters with no terminal control in it (``sanitize``)."""
+    return sanitize(text)[:_MAX]
+
+
+def _gist(message: str) -> str:
     found = _ERRNO.search(message)
     if found:
         return found.group(1).strip()

@@ -250,17 +250,20 @@ def _exporter(arg: str | None, env: Mapping[str, str]) -> Exporter:
 
 
 def _protocol(arg: str | None, env: Mapping[str, str]) -> OTLPProtocol:
+    source = ""
     if arg is not None:
         raw = arg.strip()
     else:
         found = _first(env, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
         raw = found[1] if found else ""
+        source = f" (set by {found[0]})" if found else ""
     value = raw.lower()
     if value in ("", "http/protobuf"):
         return "http/protobuf"
     if value == "grpc":
         return "grpc"
-    raise ConfigError(f"otel: OTLP protocol {_shown(raw)}: http/protobuf or grpc")
+    # The reference's sentence, and which of the two variables holds the value.
+    raise ConfigError(f"otel: OTLP protocol {_shown(raw)}: http/protobuf or grpc{source}")
 
 
 def _compression(env: Mapping[str, str], protocol: OTLPProtocol) -> Compression:

@@ -12,6 +12,7 @@ import threading
 import time
 from typing import Any
 
+import grpc
 import pytest
 from eventdb import REPO_ROOT, child_env, child_process
 from otlp_receivers import GrpcReceiver, HttpReceiver
@@ -349,3 +350,64 @@ def test_a_stop_while_the_collector_refuses_says_its_refusal_not_that_it_had_not
     assert "the exporter was still retrying after " in err, err
     # the cause the collector gave is said
     assert ("503" in err) if receiver_type is HttpReceiver else ("UNAVAILABLE" in err), err
+
+
+# -- a collector's own words are printed as one safe line --------------------------------
+
+#: A collector's message with a line break, a terminal escape (red text) and a lot of it.
+_HOSTILE = "line one\nline two \x1b[31mred\x1b[0m " + "x" * 400
+
+
+@pytest.mark.parametrize("receiver_type", [HttpReceiver, GrpcReceiver])
+def test_a_partial_success_message_is_one_line_without_terminal_escapes(tmp_path,
+                                                                       receiver_type):
+    """It was logged as the collector sent it: two lines, its escapes sent to the
+    operator's terminal, no length cap."""
+    db = str(tmp_path / "runs.db")
+    scenario_db(db)
+    with receiver_type() as rx:
+        rx.reject = (2, _HOSTILE)
+        proto = "grpc" if receiver_type is GrpcReceiver else "http/protobuf"
+        done = subprocess.run([sys.executable, "-m", "agentrt_export.cli", "otel", "--db", db,
+                               "--endpoint", rx.endpoint, "--protocol", proto],
+                              capture_output=True, env=child_env(), cwd=REPO_ROOT, timeout=60)
+    err = done.stderr.decode()
+    assert done.returncode == 0, err
+    said = [line for line in err.splitlines() if "rejected 2 of its spans" in line]
+    assert len(said) == 1 and all(line.startswith("otel: ") for line in err.splitlines()), err
+    assert "\x1b" not in err
+    assert "line one line two \\x1b[31mred\\x1b[0m xxx" in said[0]
+    message = said[0].split("of its spans (", 1)[1].rsplit("); they are not sent again", 1)[0]
+    assert len(message) == 200
+
+
+def test_a_grpc_refusals_details_are_printed_without_terminal_escapes(tmp_path, monkeypatch):
+    """The outage line keeps a collector's details whole (up to 200 characters), and
+    now safe: its escape sequences went to the operator's terminal."""
+    import otlp_receivers
+
+    db = str(tmp_path / "runs.db")
+    scenario_db(db)
+
+    def export(self, request, context):  # a collector refusing in its own words
+        self._collected.requests += 1
+        context.abort(grpc.StatusCode.PERMISSION_DENIED, "tenant acme \x1b[31mis red\x1b[0m")
+
+    monkeypatch.setattr(otlp_receivers._TraceService, "Export", export)
+    env = child_env()
+    env["AGENTRT_STOP_GRACE_S"] = "1"
+    with GrpcReceiver() as rx:
+        proc = subprocess.Popen([sys.executable, "-m", "agentrt_export.cli", "otel", "--db", db,
+                                 "--endpoint", rx.endpoint, "--protocol", "grpc"],
+                                stderr=subprocess.PIPE, env=env, cwd=REPO_ROOT)
+        try:
+            err = _stderr_until(proc, b"tenant acme").decode()
+            proc.send_signal(signal.SIGTERM)
+            err += proc.communicate(timeout=60)[1].decode()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0, err
+    assert "PERMISSION_DENIED: tenant acme \\x1b[31mis red\\x1b[0m" in err
+    assert "\x1b" not in err

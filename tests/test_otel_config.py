@@ -110,9 +110,11 @@ def test_otlp_builds_the_exporter_for_the_protocol(env: dict[str, str], kind: ty
 
 @pytest.mark.parametrize(("env", "message"), [
     ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"},
-     'otel: OTLP protocol "http/json": http/protobuf or grpc'),
-    ({"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/json"},
-     'otel: OTLP protocol "http/json": http/protobuf or grpc'),
+     'otel: OTLP protocol "http/json": http/protobuf or grpc (set by '
+     'OTEL_EXPORTER_OTLP_PROTOCOL)'),
+    ({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/json"},
+     'otel: OTLP protocol "http/json": http/protobuf or grpc (set by '
+     'OTEL_EXPORTER_OTLP_TRACES_PROTOCOL)'),
     ({"OTEL_TRACES_EXPORTER": "zipkin"},
      'otel: OTEL_TRACES_EXPORTER "zipkin": otlp, console, or none'),
     ({"OTEL_EXPORTER_OTLP_TIMEOUT": "soon"},
