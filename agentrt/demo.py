@@ -95,7 +95,7 @@ def _is_demos(path: str) -> bool:
     (a demo that stopped before its schema), or the runtime's tables only (as
     any schema version made them) and either no run and the demo's mark (a
     demo stopped before its run) or runs that all have the demo's goal and
-    tool specs that are all the demo's tools. A goal alone is not enough: the
+    exactly the demo's tool specs (by hash). A goal alone is not enough: the
     docs use the demo's goal in their own examples. Read raw, so that a demo
     database an older agentrt made (without the mark) is still recognised.
     Only a regular file is read: a FIFO would hang the read, and a device or a
@@ -123,12 +123,12 @@ def _is_demos(path: str) -> bool:
             runs, others = cast(int, counted[0]), cast(int, counted[1])
             if runs == 0:
                 return marks[0] == _MARK
-            tools = {r[0] for r in conn.execute(
-                "SELECT CASE WHEN json_valid(spec_json) THEN json_extract(spec_json, '$.name') "
-                "END FROM tool_specs")}
+            tools = {r[0] for r in conn.execute("SELECT hash FROM tool_specs")}
         except (AgentrtError, apsw.Error, TypeError, ValueError):
             return False
-    return others == 0 and tools <= {t.spec().name for t in demo_tools()}
+    # The specs themselves, not their names: a consumer's own "deploy" tool, or a
+    # run with no tool at all, is not the demo's.
+    return others == 0 and tools == {t.spec().spec_hash()[0] for t in demo_tools()}
 
 
 def _remove(path: str) -> None:

@@ -155,9 +155,11 @@ def test_a_trace_observer_refuses_a_gzip_file_opened_for_reading(tmp_path):
         trace.jsonl(stream)
 
 
+@pytest.mark.parametrize("tool", ["ship", "deploy", None])
 def test_the_demo_does_not_delete_a_database_whose_run_has_its_goal_but_tools_of_its_own(
-        tmp_path):
-    """The docs use the demo's goal in their examples: a goal is no proof."""
+        tmp_path, tool):
+    """The docs use the demo's goal in their examples: a goal is no proof, nor is a
+    tool named as one of the demo's (its spec is another), nor a run with no tool."""
     from datetime import timedelta
 
     from agentrt import Decision, Limits
@@ -165,10 +167,12 @@ def test_the_demo_does_not_delete_a_database_whose_run_has_its_goal_but_tools_of
     from agentrt.testing import ScriptedAgent
 
     path = str(tmp_path / "runs.db")
-    tools = [FuncTool("ship", lambda call: ToolResult(b"{}", "shipped"), side_effect="read_only",
-                      timeout=timedelta(seconds=5), input_schema='{"type":"object"}')]
+    tools = [] if tool is None else [
+        FuncTool(tool, lambda call: ToolResult(b"{}", "shipped"), side_effect="read_only",
+                 timeout=timedelta(seconds=5), input_schema='{"type":"object"}')]
     with open_store(path) as store:
-        agent = ScriptedAgent([Decision.tool_call("ship", "{}"), Decision.complete("{}")])
+        calls = [Decision.tool_call(tool, "{}")] if tool else []
+        agent = ScriptedAgent([*calls, Decision.complete("{}")])
         Driver(store, agent, DefaultPolicy(), tools).start(
             "deploy the service to staging",
             Limits(max_steps=10, max_consecutive_tool_failures=3, loop_threshold=3))
