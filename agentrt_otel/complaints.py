@@ -77,9 +77,10 @@ def gist(message: str) -> str:
     """The part of an SDK exporter message that says why: the OS error of a
     connection that failed, a gRPC status and its details (a collector's
     whole, gRPC's own words for a connection that failed cut to the cause they
-    end with), else the message (its first line, at most 200 characters).
-    Safe on a terminal line: a collector's words are not ours to print raw."""
-    return sanitize(_gist(message))
+    end with), else the message (its first line). What came from the collector
+    is made safe for a terminal line and cut at 200 characters: its words are
+    not ours to print raw."""
+    return _gist(message)
 
 
 def collector_text(text: str) -> str:
@@ -106,13 +107,13 @@ def _gist(message: str) -> str:
         code, reason = found.groups()
         said = reason if code == "None" or reason.startswith(f"HTTP {code}") else (
             f"HTTP {code} {reason}")
-        return said[:_MAX]
+        return collector_text(said)
     found = _HTTP_TRANSIENT.search(first)
     if found:
-        return found.group(1)[:_MAX]
+        return collector_text(found.group(1))
     if _NO_ANSWER in first:
         return _NO_ANSWER_SAID
-    return first[:_MAX]
+    return collector_text(first)
 
 
 def _grpc_gist(code: str, details: str) -> str:
@@ -135,7 +136,7 @@ def _grpc_gist(code: str, details: str) -> str:
             cause = cause[:-1]  # the end of a bracketed list ("[...: Domain name not found]")
     if cause == "Deadline Exceeded":
         return f"{code}: {_NO_ANSWER_SAID}"
-    return (f"{code}: {cause}" if cause not in ("", "None") else code)[:_MAX]
+    return collector_text(f"{code}: {cause}" if cause not in ("", "None") else code)
 
 
 def says_too_large(message: str) -> bool:

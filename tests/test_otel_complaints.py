@@ -172,3 +172,18 @@ def test_the_sessions_cause_of_an_attempt_outlives_the_sdks_bare_timeout_line() 
     # logging's last resort (the SDK's own lines say it to other listeners).
     assert attempts.propagate is False
     assert any(isinstance(h, logging.NullHandler) for h in attempts.handlers)
+
+
+@pytest.mark.parametrize("message", [
+    "Failed to export traces to localhost:4317, error code: StatusCode.UNAUTHENTICATED, "
+    "error details: " + "\x1b[31m" * 60,
+    "Failed to export span batch code: 502, reason: " + "\x1b]0;title\x07" * 40,
+    "Transient error " + "\x1b[2J" * 60 + " encountered while exporting span batch",
+    "line one \x1b[31m" + "x" * 300 + "\nline two",
+])
+def test_a_collectors_words_are_made_safe_then_cut_to_200_characters(message: str) -> None:
+    """Made safe first (each control character becomes four), then cut: cut first,
+    the line could grow past 200 again."""
+    said = gist(message)
+    assert "\x1b" not in said and "\x07" not in said and "\n" not in said
+    assert len(said) <= 200

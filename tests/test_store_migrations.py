@@ -260,7 +260,16 @@ def test_a_file_the_migrations_could_not_complete_is_refused_before_anything_is_
     (0, "CREATE TABLE t (x); CREATE INDEX schema_migrations ON t (x)",
      "there is already an index named schema_migrations"),
     (4, "ALTER TABLE runs DROP COLUMN status", "no such column: status"),
-], ids=["another-programs-schema_migrations", "an-index-so-named", "a-column-a-side-step-reads"])
+    (0, "CREATE VIRTUAL TABLE notes USING fts5(body); CREATE TABLE schema_migrations "
+        "(version varchar NOT NULL PRIMARY KEY)",
+     "table schema_migrations has no column named applied_at"),
+    (4, "CREATE VIRTUAL TABLE places USING rtree(id, x0, x1); "
+        "ALTER TABLE runs DROP COLUMN status", "no such column: status"),
+    (0, "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_at TEXT NOT "
+        "NULL, checksum TEXT NOT NULL)",
+     "NOT NULL constraint failed: schema_migrations.checksum"),
+], ids=["another-programs-schema_migrations", "an-index-so-named", "a-column-a-side-step-reads",
+        "beside-a-search-index", "beside-an-rtree", "a-constraint-of-its-own"])
 def test_a_file_whose_migrations_would_fail_is_refused_with_sqlites_words_before_writing(
         tmp_path, version, change, said):
     """What the names alone do not tell: the migrations are rehearsed on an empty

@@ -419,16 +419,27 @@ def test_a_new_database_refused_for_a_sidecar_that_appears_while_it_is_created_i
 
 
 @pytest.mark.parametrize("where", ["read-only directory", "directory without search",
-                                   "missing directory", "under a file"])
+                                   "parent without search", "missing directory",
+                                   "under a file"])
 def test_a_new_database_that_cannot_be_created_says_why_and_the_fix(tmp_path, where):
     prefix = without_file_privileges()
     directory = tmp_path / "state"
-    if where in ("read-only directory", "directory without search"):
+    if where == "read-only directory":
         directory.mkdir()
-        os.chmod(directory, 0o500 if where == "read-only directory" else 0o600)
+        os.chmod(directory, 0o500)
         said = (f"{directory}/new.db cannot be created: this user may not create files in its "
                 f"directory ({directory}); as the directory's owner, chmod u+wx {directory}, "
                 "or name a database in a directory this user can write")
+    elif where in ("directory without search", "parent without search"):
+        closed = directory
+        if where == "parent without search":
+            directory.mkdir()
+            directory = directory / "db"
+        directory.mkdir()
+        os.chmod(closed, 0o600)  # no x: nothing in it can be looked up
+        said = (f"{directory}/new.db cannot be created: this user may not look into {closed}, "
+                f"on its way; as that directory's owner, chmod u+x {closed}, or name a database "
+                "in a directory this user can reach")
     elif where == "under a file":
         directory.write_text("")
         said = (f"{directory}/new.db cannot be created: a part of {directory} is a file, not a "
@@ -443,6 +454,8 @@ def test_a_new_database_that_cannot_be_created_says_why_and_the_fix(tmp_path, wh
         out = subprocess.run([*prefix, sys.executable, "-c", code, f"{directory}/new.db"],
                              capture_output=True, text=True, env=child_env(), check=True).stdout
     finally:
+        if (tmp_path / "state").is_dir():
+            os.chmod(tmp_path / "state", 0o700)
         if directory.is_dir():
             os.chmod(directory, 0o700)
     assert out == f"agentrt: open store: {said}\n"

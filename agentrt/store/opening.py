@@ -174,6 +174,11 @@ def _sidecars(path: str, db_uid: int, *, creating: bool = False,
 def _cannot_create(path: str, exc: OSError) -> str:
     """Why a new database file could not be made, and the fix."""
     directory = os.path.dirname(path) or "."
+    closed = _unsearchable(directory) if exc.errno == errno.EACCES else None
+    if closed is not None:
+        return (f"{path} cannot be created: this user may not look into {closed}, on its "
+                f"way; as that directory's owner, chmod u+x {closed}, or name a database in "
+                "a directory this user can reach")
     if exc.errno in (errno.EACCES, errno.EPERM):
         return (f"{path} cannot be created: this user may not create files in its "
                 f"directory ({directory}); as the directory's owner, chmod u+wx {directory}, "
@@ -188,6 +193,21 @@ def _cannot_create(path: str, exc: OSError) -> str:
         return (f"{path} cannot be created: {directory} is on a read-only file system; name "
                 "a database on a writable one")
     return f"cannot create {path}: {exc.strerror}"
+
+
+def _unsearchable(directory: str) -> str | None:
+    """The first directory on the way to ``directory`` (itself included) that this
+    user may not look into (no ``x``), or None. Tried, not judged by mode bits."""
+    parts = os.path.abspath(directory).split(os.sep)
+    for end in range(2, len(parts) + 1):
+        step = os.sep.join(parts[:end]) or os.sep
+        try:
+            os.stat(os.path.join(step, "."))
+        except PermissionError:
+            return step
+        except OSError:
+            return None
+    return None
 
 
 def connect(uri: str, *, write: bool, create: bool = False, path: str = "") -> apsw.Connection:
