@@ -91,29 +91,39 @@ def collector_text(text: str) -> str:
 
 def _gist(message: str) -> str:
     found = _ERRNO.search(message)
-    if found:
-        return found.group(1).strip()
+    if found:  # the OS's words, but found in text a collector may have written
+        return collector_text(found.group(1).strip())
     found = _GRPC_DETAILS.search(message)
     if found:
         code, details = (part for part in found.groups() if part is not None)
         details = details.removesuffix(": OK")  # grpc's status text after the cause
         through = _THROUGH_PROXY.search(details)
         if through:
-            return _grpc_gist(code, details[:through.start()]) + through.group(0)
+            return _grpc_gist(code, details[:through.start()]) + _proxy_note(through)
         return _grpc_gist(code, details)
     first = message.strip().splitlines()[0] if message.strip() else ""
+    note = ""
+    through = _THROUGH_PROXY.search(first)
+    if through:  # our note on the proxy, kept whole after the collector's cut words
+        first, note = first[:through.start()], _proxy_note(through)
     found = _HTTP_FAILED.search(first)
     if found:
         code, reason = found.groups()
         said = reason if code == "None" or reason.startswith(f"HTTP {code}") else (
             f"HTTP {code} {reason}")
-        return collector_text(said)
+        return collector_text(said) + note
     found = _HTTP_TRANSIENT.search(first)
     if found:
-        return collector_text(found.group(1))
+        return collector_text(found.group(1)) + note
     if _NO_ANSWER in first:
-        return _NO_ANSWER_SAID
-    return collector_text(first)
+        return _NO_ANSWER_SAID + note
+    return collector_text(first) + note
+
+
+def _proxy_note(through: re.Match[str]) -> str:
+    """The note on the proxy the request went through (ours, made safe all the
+    same: a collector's details can end with words shaped like it)."""
+    return sanitize(through.group(0))
 
 
 def _grpc_gist(code: str, details: str) -> str:

@@ -187,3 +187,29 @@ def test_a_collectors_words_are_made_safe_then_cut_to_200_characters(message: st
     said = gist(message)
     assert "\x1b" not in said and "\x07" not in said and "\n" not in said
     assert len(said) <= 200
+
+
+def test_os_error_words_inside_a_collectors_reason_are_made_safe_and_cut() -> None:
+    """The errno pattern is searched in the whole line, a collector's reason phrase
+    included, so what it finds is treated as the collector's words."""
+    said = gist("HTTP 502 Bad Gateway [Errno 5] \x1b[2J\x1b[31mgotcha" + "x" * 300)
+    assert "\x1b" not in said and len(said) <= 200
+
+
+def test_grpc_details_shaped_like_the_proxy_note_are_made_safe() -> None:
+    said = gist("Failed to export traces to collector:4317, error code: "
+                "StatusCode.UNAUTHENTICATED, error details: denied "
+                "(through the proxy \x1b]0;pwned\x07\x1b[2J)")
+    assert "\x1b" not in said and "\x07" not in said
+
+
+def test_the_proxy_note_of_an_http_refusal_is_kept_whole_after_the_cut_words() -> None:
+    """Our note and its fix, as over gRPC: only the collector's words are cut."""
+    from agentrt_otel.answers import _through_proxy
+
+    note = _through_proxy(
+        "http://svc-otel:s3cret@egress-proxy.platform.eu-west-1.internal.example.com:3128",
+        "HTTPS_PROXY")
+    said = gist(f"HTTP 407 Proxy Authentication Required{' x' * 150} ({note})")
+    assert said.endswith(f" ({note})") and "s3cret" not in said
+    assert len(said) == 200 + len(f" ({note})")

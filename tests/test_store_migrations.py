@@ -294,6 +294,42 @@ def test_a_file_whose_migrations_would_fail_is_refused_with_sqlites_words_before
     assert file_state(path) == before
 
 
+class _Rows:
+    """A virtual table module of another program's (not in the runtime's SQLite)."""
+
+    def Create(self, db, modulename, dbname, tablename, *args):  # noqa: N802
+        return "CREATE TABLE x(a)", _RowsTable()
+
+    Connect = Create
+
+
+class _RowsTable:
+    def BestIndex(self, *args):  # noqa: N802
+        return None
+
+    def Disconnect(self):  # noqa: N802
+        pass
+
+    Destroy = Disconnect
+
+
+def test_a_virtual_table_of_a_module_this_sqlite_lacks_leaves_the_rest_rehearsed(tmp_path):
+    """The copy cannot make it (and no migration touches it): left out, the
+    rest is still rehearsed, and the clash beside it refused before writing."""
+    path = str(tmp_path / "other.db")
+    conn = apsw.Connection(path)
+    conn.create_module("theirs", _Rows())
+    conn.execute("CREATE VIRTUAL TABLE v USING theirs()")
+    conn.execute("CREATE TABLE schema_migrations (version varchar NOT NULL PRIMARY KEY)")
+    conn.close()
+    os.chmod(path, 0o600)
+    before = file_state(path)
+    with pytest.raises(StoreOpenError, match=r"fails its migrations \(table schema_migrations "
+                                             r"has no column named applied_at\)"):
+        open_store(path)
+    assert file_state(path) == before
+
+
 def test_a_file_of_other_tables_only_takes_the_runtime_s_beside_them(tmp_path):
     path = str(tmp_path / "shared.db")
     conn = apsw.Connection(path)

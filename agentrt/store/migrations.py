@@ -212,23 +212,28 @@ def rehearse(conn: apsw.Connection, version: int) -> str | None:
     What :func:`migration_clash` does not name fails here instead of inside
     the real migration, after the switch to WAL: another program's table
     called ``schema_migrations``, a column a side step reads that another
-    program dropped. A schema that cannot be copied (a virtual table of a
-    module this SQLite lacks) is not judged."""
-    schema = [(str(name), str(sql)) for name, sql in conn.execute(
-        "SELECT name, sql FROM sqlite_schema WHERE sql IS NOT NULL "
+    program dropped. A virtual table of a module this SQLite lacks, or an
+    index on a collation or function it lacks, is left out of the copy; a
+    table that cannot be copied leaves the schema unjudged."""
+    schema = [(str(kind), str(name), str(sql)) for kind, name, sql in conn.execute(
+        "SELECT lower(type), name, sql FROM sqlite_schema WHERE sql IS NOT NULL "
         "AND name NOT LIKE 'sqlite!_%' ESCAPE '!' ORDER BY rowid")]
     if not schema:
         return None  # a new file: nothing there to stop them
     copy = apsw.Connection(":memory:")
     try:
-        try:
-            for name, sql in schema:
-                # A virtual table (FTS5, R*Tree) makes its shadow tables itself.
-                if not copy.execute("SELECT 1 FROM sqlite_schema WHERE name = ?",
-                                    (name,)).fetchall():
-                    copy.execute(sql)
-        except apsw.Error:
-            return None
+        for kind, name, sql in schema:
+            # A virtual table (FTS5, R*Tree) makes its shadow tables itself.
+            if copy.execute("SELECT 1 FROM sqlite_schema WHERE name = ?", (name,)).fetchall():
+                continue
+            try:
+                copy.execute(sql)
+            except apsw.Error:
+                if kind == "index" or sql.lstrip()[:21].upper() == "CREATE VIRTUAL TABLE ":
+                    # A module, collation or function this SQLite lacks: no migration
+                    # touches such an object (its name was checked by migration_clash).
+                    continue
+                return None
         try:
             if version > 0:
                 copy.execute("INSERT INTO schema_migrations (version, applied_at) VALUES (?, '')",
