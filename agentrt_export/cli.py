@@ -261,7 +261,7 @@ def _follow(
                 # A full output gave up the page after its whole records, which
                 # the cursor passed; any other stop gave up the whole page.
                 rest = (_resumes(cursor, settings.run) if isinstance(exc, OutputStopped)
-                        else "the page is sent again on restart")
+                        else getattr(exc, "resent", "the page is sent again on restart"))
                 click.echo(sanitize(f"stopped: {exc}; {rest}"), err=True)
                 return
             raise _failure(str(exc)) from None

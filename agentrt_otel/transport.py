@@ -11,7 +11,9 @@
     for as long as it takes: a page is never skipped. The wait is on the
     ``stop`` event, so a stop cuts it short; then ``handle_page`` raises
     :class:`ExportStopped` and the caller must *not* save its cursor for the
-    page (a restart sends it again: at most one page twice). A stop that
+    page (a restart sends it again: at most one page twice), or, when the
+    page's first batches were accepted, ``PartialPage`` for the events whose
+    spans all were (the follower saves its cursor after them). A stop that
     comes while the collector is healthy does not interrupt the page in hand;
     an export attempt still running :data:`STOP_GRACE` (5 s) after a stop (a
     collector that does not answer) is given up, so a stop never waits for
@@ -57,6 +59,7 @@ write error).
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import random
@@ -73,13 +76,14 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter, Sp
 from agentrt.errors import AgentrtError, described
 from agentrt.events import Event
 from agentrt.trace import stop_grace_seconds
+from agentrt_export.follower import PartialPage
 from agentrt_otel.config import ConfigError, build_resource, resource_attributes
 from agentrt_otel.mapping import SpanMapper
 from agentrt_otel.records import SpanStartSource
 from agentrt_otel.spans import to_readable_spans
 from agentrt_otel.text import DEFAULT_MAX_TEXT
 
-__all__ = ["Backoff", "ExportStopped", "OTelSink"]
+__all__ = ["Backoff", "ExportStopped", "ExportStoppedPartway", "OTelSink"]
 
 _log = logging.getLogger("agentrt_otel")
 
@@ -118,6 +122,15 @@ class ExportStopped(AgentrtError):
     delivered; the cursor must stay before it."""
 
     base = "otel: stopped before the collector accepted the page"
+    #: What a restart sends, as the command says it.
+    resent = "the page is sent again on restart"
+
+
+class ExportStoppedPartway(ExportStopped):
+    """:class:`ExportStopped` after the collector accepted the page's first
+    batches: the cursor moves past the events whose spans all arrived."""
+
+    resent = "the rest of the page is sent again on restart"
 
 
 class OutputStoppedExport(ExportStopped):
@@ -288,23 +301,48 @@ class OTelSink:
         return self._exported
 
     def handle_page(self, events: Sequence[Event]) -> None:
-        """Deliver the spans of ``events`` (in seq order); see the module doc."""
+        """Deliver the spans of ``events`` (in seq order); see the module doc.
+
+        A stop after some of the page's batches were accepted (a page of more
+        spans than one batch) raises :class:`PartialPage` for the events whose
+        spans all arrived, so the cursor moves past them and a restart sends
+        only the rest (and the accepted spans of the one event cut between
+        two batches): it was the whole page again."""
         with self._lock:
             if self._closed:
                 raise AgentrtError("otel: the sink is closed")
+            # Spans made by the page up to each of its events; only for a page
+            # whose spans are all its own (none left pending from an earlier one).
+            made: list[int] | None = [] if not self._pending else None
             try:
-                self._map(events)
+                self._map(events, made)
             finally:
-                self._send()
+                try:
+                    self._send()
+                except ExportStopped as stop:
+                    accepted = self._events_accepted(made)
+                    if accepted and type(stop) is ExportStopped:  # a collector's, not stdout's
+                        raise PartialPage(accepted, ExportStoppedPartway(str(stop.detail))) \
+                            from None
+                    raise
 
-    def _map(self, events: Sequence[Event]) -> None:
+    def _events_accepted(self, made: list[int] | None) -> int:
+        """How many of the page's first events have every span accepted."""
+        if not made:
+            return 0
+        sent = made[-1] - sum(len(batch) for batch in self._pending)
+        # None accepted: the whole page is given up, as before any batch.
+        return bisect.bisect_right(made, sent) if sent > 0 else 0
+
+    def _map(self, events: Sequence[Event], made: list[int] | None = None) -> None:
         spans = []
         try:
             for event in events:
-                if event.seq <= self._mapped_seq:
-                    continue  # mapped before; its spans are pending or sent
-                spans.extend(self._mapper.map(event))
-                self._mapped_seq = event.seq
+                if event.seq > self._mapped_seq:  # else mapped before: pending or sent
+                    spans.extend(self._mapper.map(event))
+                    self._mapped_seq = event.seq
+                if made is not None:
+                    made.append(len(spans))
         finally:
             if spans and self._exporter is not None:
                 ready = to_readable_spans(spans, self._resource)

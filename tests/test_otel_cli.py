@@ -405,3 +405,58 @@ def test_a_header_that_is_not_key_value_is_refused_without_echoing_it(tmp_path, 
     assert done.returncode == 2
     assert b"TOPSECRET" not in done.stderr and b"Traceback" not in done.stderr
     assert b"not key=value" in done.stderr.lower()
+
+
+class _AcceptsTheFirstRequestOnly(HttpReceiver):
+    def take(self, request, headers):
+        ok = super().take(request, headers)
+        with self._lock:
+            self._fail = 10**6  # 503 to every request after the first
+        return ok
+
+
+def test_a_stop_after_a_pages_first_batches_were_accepted_sends_only_the_rest_again(tmp_path):
+    """A page of 601 spans goes in batches of 512 and 89; the collector takes the
+    first and refuses the second, then a SIGTERM. The cursor moves past the events
+    whose spans all arrived, so the restart sends the 89 alone: the whole page
+    went again, the 512 accepted spans twice."""
+    import collections
+
+    db, cursor = str(tmp_path / "runs.db"), tmp_path / "cursor"
+    s = EventStream("big")
+    s.run_created()
+    s.run_started()
+    for i in range(600):
+        s.tool_step(f"s{i}", i, "read")
+    s.run_finished("COMPLETED", "goal_met", steps=600)
+    append_events(db, s.events)
+    env = child_env()
+    env["AGENTRT_STOP_GRACE_S"] = "1"
+    command = [sys.executable, "-m", "agentrt_export.cli", "otel", "--db", db,
+               "--cursor-file", str(cursor), "--page-size", "5000"]
+    with _AcceptsTheFirstRequestOnly() as refusing:
+        proc = subprocess.Popen([*command, "--endpoint", refusing.endpoint],
+                                stderr=subprocess.PIPE, env=env, cwd=REPO_ROOT)
+        try:
+            deadline = time.monotonic() + 30
+            while refusing.refused < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
+            err = proc.communicate(timeout=60)[1].decode()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        first = refusing.spans()
+    assert proc.returncode == 0, err
+    assert len(first) == 512
+    assert err.splitlines()[-1].endswith("; the rest of the page is sent again on restart")
+    saved = int(cursor.read_text())
+    assert 0 < saved < len(s.events)
+    with HttpReceiver() as healthy:
+        again = subprocess.run([*command, "--endpoint", healthy.endpoint], capture_output=True,
+                               env=env, cwd=REPO_ROOT, timeout=60)
+        second = healthy.spans()
+    assert again.returncode == 0, again.stderr.decode()
+    counts = collections.Counter(span.span_id for span in first + second)
+    assert len(counts) == 601 and max(counts.values()) == 1

@@ -374,3 +374,45 @@ def test_a_stop_sentence_does_not_take_the_abandoned_attempts_complaint_as_the_n
         release.set()
         complaints.uninstall()
     assert "had not answered" in str(second.value), str(second.value)
+
+
+def test_a_stop_after_a_pages_first_batch_was_accepted_moves_past_the_events_it_completed(
+) -> None:
+    """Batches of 5 of the page's 12 spans: the first accepted, the second refused,
+    and a stop. PartialPage counts the events whose spans were all in the first
+    batch (an event whose spans straddle the cut is not one), so the follower
+    saves the cursor after them; handing in the rest sends the pending spans,
+    each span once over the two calls."""
+    from agentrt_export import PartialPage
+    from agentrt_otel.transport import ExportStoppedPartway
+
+    evs = events()
+    one_pass, ends = SpanMapper(), []
+    for event in evs:  # spans made up to each event, as one pass makes them
+        ends.append(len(one_pass.map(event)) + (ends[-1] if ends else 0))
+    completed = sum(1 for end in ends if end <= 5)
+    exporter = FakeExporter([SpanExportResult.SUCCESS, SpanExportResult.FAILURE])
+    stop = threading.Event()
+    stop.set()  # the first failure ends the call at once
+    mapper = CountingMapper()
+    sink = OTelSink(exporter, stop=stop, mapper=mapper, max_batch=5)
+    with pytest.raises(PartialPage) as cut:
+        sink.handle_page(evs)
+    assert 0 < cut.value.accepted == completed < len(evs)
+    assert isinstance(cut.value.error, ExportStoppedPartway)
+    assert cut.value.error.resent == "the rest of the page is sent again on restart"
+    sink.handle_page(evs[completed:])  # the follower goes on after the saved cursor
+    assert mapper.seen == [e.seq for e in evs]
+    sent = [s.context.span_id for c in exporter.calls if c is not exporter.calls[1]
+            for s in c if s.context]
+    assert sent == [r.span_id for r in SpanMapper().map_all(evs)]
+
+
+def test_a_stop_before_any_batch_of_the_page_was_accepted_gives_up_the_whole_page() -> None:
+    exporter = FakeExporter([SpanExportResult.FAILURE])
+    stop = threading.Event()
+    stop.set()
+    sink = OTelSink(exporter, stop=stop, max_batch=5)
+    with pytest.raises(ExportStopped) as stopped:
+        sink.handle_page(events())
+    assert type(stopped.value) is ExportStopped and sink.pending == 12
