@@ -257,6 +257,11 @@ def _follow(
             # not saved past what reached the pipe.
             _silence_stdout()
         except AgentrtError as exc:
+            notes = getattr(exc, "__notes__", None)
+            if clean_stop is not None and isinstance(exc, clean_stop) and notes:
+                # The cursor of what was delivered could not be saved: the next
+                # start delivers it again, which is not a clean stop.
+                raise _failure(f"{exc}; " + "; ".join(notes)) from None
             if clean_stop is not None and isinstance(exc, clean_stop):
                 # A full output gave up the page after its whole records, which
                 # the cursor passed; any other stop gave up the whole page.

@@ -113,8 +113,12 @@ def _gist(message: str) -> str:
             f"HTTP {code} {reason}")
         return collector_text(said) + note
     found = _HTTP_TRANSIENT.search(first)
-    if found:
-        return collector_text(found.group(1)) + note
+    if found:  # a retried refusal: the note ends the words the SDK quotes
+        words = found.group(1)
+        inner = _THROUGH_PROXY.search(words)
+        if inner:
+            words, note = words[:inner.start()], _proxy_note(inner)
+        return collector_text(words) + note
     if _NO_ANSWER in first:
         return _NO_ANSWER_SAID + note
     return collector_text(first) + note

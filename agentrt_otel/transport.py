@@ -12,8 +12,9 @@
     ``stop`` event, so a stop cuts it short; then ``handle_page`` raises
     :class:`ExportStopped` and the caller must *not* save its cursor for the
     page (a restart sends it again: at most one page twice), or, when the
-    page's first batches were accepted, ``PartialPage`` for the events whose
-    spans all were (the follower saves its cursor after them). A stop that
+    first batches of a page handed in the first time were accepted,
+    ``PartialPage`` for the events whose spans all were (the follower saves
+    its cursor after them). A stop that
     comes while the collector is healthy does not interrupt the page in hand;
     an export attempt still running :data:`STOP_GRACE` (5 s) after a stop (a
     collector that does not answer) is given up, so a stop never waits for
@@ -307,7 +308,9 @@ class OTelSink:
         spans than one batch) raises :class:`PartialPage` for the events whose
         spans all arrived, so the cursor moves past them and a restart sends
         only the rest (and the accepted spans of the one event cut between
-        two batches): it was the whole page again."""
+        two batches): it was the whole page again. Only for a page handed in
+        the first time: one handed in again after a stop, its spans pending
+        from the call before, is given up whole, as before."""
         with self._lock:
             if self._closed:
                 raise AgentrtError("otel: the sink is closed")

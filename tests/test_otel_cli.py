@@ -460,3 +460,50 @@ def test_a_stop_after_a_pages_first_batches_were_accepted_sends_only_the_rest_ag
     assert again.returncode == 0, again.stderr.decode()
     counts = collections.Counter(span.span_id for span in first + second)
     assert len(counts) == 601 and max(counts.values()) == 1
+
+
+_FULL_DISK = """
+import errno, runpy, sys
+import agentrt_export.cursor as cursor
+def full(self, *args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+cursor.FileCursor.save = full  # the disk filled up: no save succeeds
+sys.argv = ["agentrt-export", *sys.argv[1:]]
+runpy.run_module("agentrt_export.cli", run_name="__main__")
+"""
+
+
+def test_a_partway_stop_whose_cursor_could_not_be_saved_is_a_failure_that_says_so(tmp_path):
+    """The collector took the page's first batch; the stop's cursor save failed (a
+    full disk): the whole page goes again, so it is not the clean stop that says
+    only the rest does (it said that, exit 0, the save's failure dropped)."""
+    db, cursor = str(tmp_path / "runs.db"), tmp_path / "cursor"
+    s = EventStream("big")
+    s.run_created()
+    s.run_started()
+    for i in range(600):
+        s.tool_step(f"s{i}", i, "read")
+    s.run_finished("COMPLETED", "goal_met", steps=600)
+    append_events(db, s.events)
+    env = child_env()
+    env["AGENTRT_STOP_GRACE_S"] = "1"
+    with _AcceptsTheFirstRequestOnly() as refusing:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _FULL_DISK, "otel", "--db", db, "--cursor-file",
+             str(cursor), "--page-size", "5000", "--endpoint", refusing.endpoint],
+            stderr=subprocess.PIPE, env=env, cwd=REPO_ROOT)
+        try:
+            deadline = time.monotonic() + 30
+            while refusing.refused < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
+            err = proc.communicate(timeout=60)[1].decode()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 1 and not cursor.exists()
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: otel: stopped before the collector accepted the page: ")
+    assert re.search(r"; and the cursor could not be saved at seq \d+: \[Errno 28\] No "
+                     r"space left on device$", last), last

@@ -213,3 +213,17 @@ def test_the_proxy_note_of_an_http_refusal_is_kept_whole_after_the_cut_words() -
     said = gist(f"HTTP 407 Proxy Authentication Required{' x' * 150} ({note})")
     assert said.endswith(f" ({note})") and "s3cret" not in said
     assert len(said) == 200 + len(f" ({note})")
+
+
+def test_the_proxy_note_of_a_retried_http_refusal_is_kept_whole_after_the_cut_words() -> None:
+    """A 429, 502, 503 or 504 is retried: the line kept is the SDK's 'Transient
+    error <reason> encountered ...', our note ending the reason inside it."""
+    from agentrt_otel.answers import _through_proxy
+
+    note = _through_proxy(
+        "http://svc-otel:s3cret@egress-proxy.platform.eu-west-1.internal.example.com:3128",
+        "HTTPS_PROXY")
+    line = (f"Transient error HTTP 503 Service Temporarily Unavailable{' x' * 120} ({note}) "
+            "encountered while exporting spans batch, retrying in 1.00s.")
+    said = gist(line)
+    assert said.endswith(f" ({note})") and len(said) == 200 + len(f" ({note})")
