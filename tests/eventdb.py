@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from agentrt.store import Store, open_store
 
@@ -57,12 +58,14 @@ def child_env() -> dict[str, str]:
 
 
 @contextmanager
-def child_process(args: Sequence[str],
-                  env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
-    """A child running this checkout's code, stdout and stderr piped; killed and
+def child_process(args: Sequence[str], env: dict[str, str] | None = None,
+                  **popen: Any) -> Iterator[subprocess.Popen[bytes]]:
+    """A child running this checkout's code, stdout and stderr piped (``popen``
+    overrides, e.g. ``stdout=subprocess.DEVNULL`` or a ``preexec_fn``); killed and
     reaped on the way out if still running, so a failing test leaves none behind."""
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=child_env() if env is None else env, cwd=REPO_ROOT)
+    popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen}
+    proc = subprocess.Popen(args, env=child_env() if env is None else env, cwd=REPO_ROOT,
+                            **popen)
     try:
         yield proc
     finally:

@@ -18,8 +18,11 @@ from agentrt.store import open_store
 from agentrt.testing import ScriptedAgent
 
 
-def test_a_resume_that_loses_the_race_to_expire_a_grant_is_told_the_run_is_not_waiting(
-        tmp_path):
+def _resume_losing_the_race_to_expire(tmp_path, loser_within_ttl: bool):
+    """A grant of a 5-minute TTL; the slower resume has read it when another driver,
+    an hour later by its clock, expires it and ends the run first. The slower one's
+    clock is an hour on too, or (``loser_within_ttl``) a minute. Returns the store,
+    what the winner's resume returned, and the loser's error."""
     db = str(tmp_path / "runs.db")
     store = open_store(db)
     d, _, _, _ = make(store=store, script=[call("publish")])
@@ -35,11 +38,18 @@ def test_a_resume_that_loses_the_race_to_expire_a_grant_is_told_the_run_is_not_w
         # the loser has read the grant; the other process expires it first
         if not raced:
             raced.append(winner.resume("r").status)
-        return later
+        return decided_at + timedelta(minutes=1) if loser_within_ttl else later
 
     loser, _, _, _ = make(store=open_store(db), script=[], now=loser_now)
-    with pytest.raises(RunStateError, match="is CANCELLED, not WAITING_FOR_APPROVAL"):
+    with pytest.raises(RunStateError) as info:
         loser.resume("r")
+    return store, raced, info.value
+
+
+def test_a_resume_that_loses_the_race_to_expire_a_grant_is_told_the_run_is_not_waiting(
+        tmp_path):
+    store, raced, error = _resume_losing_the_race_to_expire(tmp_path, loser_within_ttl=False)
+    assert "is CANCELLED, not WAITING_FOR_APPROVAL" in str(error)
     assert raced == ["CANCELLED"]
     run = store.get_run("r")
     assert (run.status, run.reason) == ("CANCELLED", "approval_expired")
@@ -143,29 +153,9 @@ def test_a_resume_within_the_grant_ttl_by_its_clock_that_lost_the_race_is_told_t
     """The slower resume read the grant while its own clock was within the grant TTL;
     another driver, whose clock was past it, expired the grant and ended the run
     first. It was told of 'a later pause of the step' that never happened."""
-    from agentrt.errors import RunStateError
-    from agentrt.store import open_store
-
-    db = str(tmp_path / "runs.db")
-    store = open_store(db)
-    d, _, _, _ = make(store=store, script=[call("publish")])
-    d.start("g", limits(grant_ttl=timedelta(minutes=5)), run_id="r")
-    approve(store, "r", store.list_approvals("r")[0].id, "operator", "")
-    decided_at = store.list_approvals("r")[0].decided_at
-    winner, _, _, _ = make(store=open_store(db), script=[],
-                           now=lambda: decided_at + timedelta(hours=1))
-    raced: list[str] = []
-
-    def loser_now():  # the loser has read the grant; the other driver expires it first
-        if not raced:
-            raced.append(winner.resume("r").status)
-        return decided_at + timedelta(minutes=1)  # within the TTL by this clock
-
-    loser, _, _, _ = make(store=open_store(db), script=[], now=loser_now)
-    with pytest.raises(RunStateError) as info:
-        loser.resume("r")
+    store, raced, error = _resume_losing_the_race_to_expire(tmp_path, loser_within_ttl=True)
     assert raced == ["CANCELLED"]
     run = store.get_run("r")
     assert (run.status, run.reason) == ("CANCELLED", "approval_expired")
-    assert str(info.value) == ("agentrt: run is not in the required state: run r is CANCELLED, "
-                               "not WAITING_FOR_APPROVAL")
+    assert str(error) == ("agentrt: run is not in the required state: run r is CANCELLED, "
+                          "not WAITING_FOR_APPROVAL")

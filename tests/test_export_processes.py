@@ -163,50 +163,41 @@ def test_export_is_exactly_once_across_a_signal_and_a_restart(tmp_path, sig):
     assert seqs == list(range(1, head_seq(db) + 1))
 
 
-def test_a_sigint_ignored_on_the_way_in_stays_ignored_and_sigterm_still_stops_cleanly(tmp_path):
-    """``agentrt-export ... &`` in a script: the shell starts the job with SIGINT
-    ignored, so the Ctrl-C meant for the foreground must not stop the exporter."""
+def _follow_ignoring(tmp_path: Path, ignored: signal.Signals):
+    """``jsonl --follow`` of a 6-event database with a cursor file, started with
+    ``ignored`` ignored, once it has delivered all six: (process, cursor path)."""
     db = str(tmp_path / "runs.db")
     make_db(db, runs=2, events_per_run=3).close()
     cursor = tmp_path / "cursor"
-    proc = subprocess.Popen(
+    proc = child_process(
         [sys.executable, "-m", "agentrt_export.cli", "jsonl", "--db", db,
          "--cursor-file", str(cursor), "--follow"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=child_env(), cwd=REPO_ROOT,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    try:
+        stdout=subprocess.DEVNULL, preexec_fn=lambda: signal.signal(ignored, signal.SIG_IGN))
+    return proc, cursor
+
+
+def test_a_sigint_ignored_on_the_way_in_stays_ignored_and_sigterm_still_stops_cleanly(tmp_path):
+    """``agentrt-export ... &`` in a script: the shell starts the job with SIGINT
+    ignored, so the Ctrl-C meant for the foreground must not stop the exporter."""
+    started, cursor = _follow_ignoring(tmp_path, signal.SIGINT)
+    with started as proc:
         wait_for_cursor(cursor, 6)
         proc.send_signal(signal.SIGINT)
         time.sleep(0.5)
         assert proc.poll() is None, "a SIGINT ignored on the way in stopped the exporter"
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=20)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert (proc.returncode, err) == (0, b"")
 
 
 def test_a_sigterm_ignored_on_the_way_in_still_stops_the_command_cleanly(tmp_path):
     """A wrapper's ``trap '' TERM`` (or a supervisor that ignores it for its
     children): left ignored, the command ran on until a SIGKILL."""
-    db = str(tmp_path / "runs.db")
-    make_db(db, runs=2, events_per_run=3).close()
-    cursor = tmp_path / "cursor"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentrt_export.cli", "jsonl", "--db", db,
-         "--cursor-file", str(cursor), "--follow"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=child_env(), cwd=REPO_ROOT,
-        preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN))
-    try:
+    started, cursor = _follow_ignoring(tmp_path, signal.SIGTERM)
+    with started as proc:
         wait_for_cursor(cursor, 6)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=20)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert (proc.returncode, err) == (0, b"")
     assert cursor.read_text() == "6\n"
 

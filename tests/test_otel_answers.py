@@ -16,7 +16,14 @@ import grpc
 import pytest
 from eventdb import REPO_ROOT, child_env, child_process
 from otlp_receivers import GrpcReceiver, HttpReceiver
-from test_otel_cli import _stderr_until, expected_keys, received_keys, run_otel, scenario_db
+from test_otel_cli import (
+    _stderr_until,
+    expected_keys,
+    received_keys,
+    run_otel,
+    scenario_db,
+    stopped_once_refused,
+)
 
 
 def _lines(stderr: bytes) -> list[str]:
@@ -329,21 +336,12 @@ def test_a_stop_while_the_collector_refuses_says_its_refusal_not_that_it_had_not
     with receiver_type() as rx:
         rx.fail_next(10**6)  # 503 (gRPC UNAVAILABLE) to everything, at once
         proto = "grpc" if receiver_type is GrpcReceiver else "http/protobuf"
-        proc = subprocess.Popen(
+        code, err = stopped_once_refused(
             [sys.executable, "-m", "agentrt_export.cli", "otel", "--db", db,
              "--endpoint", rx.endpoint, "--protocol", proto, "--cursor-file", str(cursor)],
-            stderr=subprocess.PIPE, env=env, cwd=REPO_ROOT)
-        try:
-            while rx.refused == 0:
-                time.sleep(0.01)
-            proc.send_signal(signal.SIGTERM)
-            err = proc.communicate(timeout=60)[1].decode()
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            rx, env)
         refused = rx.refused
-    assert proc.returncode == 0
+    assert code == 0
     assert not cursor.exists()
     assert refused >= 2, (refused, err)  # the collector answered, more than once
     assert "had not answered" not in err, err

@@ -9,9 +9,10 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
-from eventdb import REPO_ROOT, child_env
+from eventdb import REPO_ROOT, child_env, child_process
 from otlp_receivers import GrpcReceiver, HttpReceiver
 
 from agentrt.store import open_store
@@ -407,6 +408,32 @@ def test_a_header_that_is_not_key_value_is_refused_without_echoing_it(tmp_path, 
     assert b"not key=value" in done.stderr.lower()
 
 
+def stopped_once_refused(command: list[str], receiver, env: dict[str, str]) -> tuple[int, str]:
+    """Run ``command`` until ``receiver`` has refused a request, then SIGTERM it:
+    (its exit code, its stderr)."""
+    with child_process(command, env, stdout=None) as proc:
+        deadline = time.monotonic() + 30
+        while receiver.refused < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        err = proc.communicate(timeout=60)[1].decode()
+    return proc.returncode, err
+
+
+def _one_page_of_601_spans(tmp_path) -> tuple[str, Path, int]:
+    """runs.db with one run of 600 tool steps (601 spans), a cursor path, and the
+    number of events."""
+    db = str(tmp_path / "runs.db")
+    s = EventStream("big")
+    s.run_created()
+    s.run_started()
+    for i in range(600):
+        s.tool_step(f"s{i}", i, "read")
+    s.run_finished("COMPLETED", "goal_met", steps=600)
+    append_events(db, s.events)
+    return db, tmp_path / "cursor", len(s.events)
+
+
 class _AcceptsTheFirstRequestOnly(HttpReceiver):
     def take(self, request, headers):
         ok = super().take(request, headers)
@@ -422,37 +449,20 @@ def test_a_stop_after_a_pages_first_batches_were_accepted_sends_only_the_rest_ag
     went again, the 512 accepted spans twice."""
     import collections
 
-    db, cursor = str(tmp_path / "runs.db"), tmp_path / "cursor"
-    s = EventStream("big")
-    s.run_created()
-    s.run_started()
-    for i in range(600):
-        s.tool_step(f"s{i}", i, "read")
-    s.run_finished("COMPLETED", "goal_met", steps=600)
-    append_events(db, s.events)
+    db, cursor, events = _one_page_of_601_spans(tmp_path)
     env = child_env()
     env["AGENTRT_STOP_GRACE_S"] = "1"
     command = [sys.executable, "-m", "agentrt_export.cli", "otel", "--db", db,
                "--cursor-file", str(cursor), "--page-size", "5000"]
     with _AcceptsTheFirstRequestOnly() as refusing:
-        proc = subprocess.Popen([*command, "--endpoint", refusing.endpoint],
-                                stderr=subprocess.PIPE, env=env, cwd=REPO_ROOT)
-        try:
-            deadline = time.monotonic() + 30
-            while refusing.refused < 1 and time.monotonic() < deadline:
-                time.sleep(0.05)
-            proc.send_signal(signal.SIGTERM)
-            err = proc.communicate(timeout=60)[1].decode()
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        code, err = stopped_once_refused([*command, "--endpoint", refusing.endpoint],
+                                         refusing, env)
         first = refusing.spans()
-    assert proc.returncode == 0, err
+    assert code == 0, err
     assert len(first) == 512
     assert err.splitlines()[-1].endswith("; the rest of the page is sent again on restart")
     saved = int(cursor.read_text())
-    assert 0 < saved < len(s.events)
+    assert 0 < saved < events
     with HttpReceiver() as healthy:
         again = subprocess.run([*command, "--endpoint", healthy.endpoint], capture_output=True,
                                env=env, cwd=REPO_ROOT, timeout=60)
@@ -477,32 +487,14 @@ def test_a_partway_stop_whose_cursor_could_not_be_saved_is_a_failure_that_says_s
     """The collector took the page's first batch; the stop's cursor save failed (a
     full disk): the whole page goes again, so it is not the clean stop that says
     only the rest does (it said that, exit 0, the save's failure dropped)."""
-    db, cursor = str(tmp_path / "runs.db"), tmp_path / "cursor"
-    s = EventStream("big")
-    s.run_created()
-    s.run_started()
-    for i in range(600):
-        s.tool_step(f"s{i}", i, "read")
-    s.run_finished("COMPLETED", "goal_met", steps=600)
-    append_events(db, s.events)
+    db, cursor, events = _one_page_of_601_spans(tmp_path)
     env = child_env()
     env["AGENTRT_STOP_GRACE_S"] = "1"
     with _AcceptsTheFirstRequestOnly() as refusing:
-        proc = subprocess.Popen(
+        code, err = stopped_once_refused(
             [sys.executable, "-c", _FULL_DISK, "otel", "--db", db, "--cursor-file",
-             str(cursor), "--page-size", "5000", "--endpoint", refusing.endpoint],
-            stderr=subprocess.PIPE, env=env, cwd=REPO_ROOT)
-        try:
-            deadline = time.monotonic() + 30
-            while refusing.refused < 1 and time.monotonic() < deadline:
-                time.sleep(0.05)
-            proc.send_signal(signal.SIGTERM)
-            err = proc.communicate(timeout=60)[1].decode()
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    assert proc.returncode == 1 and not cursor.exists()
+             str(cursor), "--page-size", "5000", "--endpoint", refusing.endpoint], refusing, env)
+    assert code == 1 and not cursor.exists()
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: otel: stopped before the collector accepted the page: ")
     assert re.search(r"; and the cursor could not be saved at seq \d+: \[Errno 28\] No "

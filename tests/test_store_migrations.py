@@ -214,6 +214,22 @@ def test_migrations_apply_in_one_transaction(tmp_path, monkeypatch):
     conn.close()
 
 
+def _changed_database(tmp_path, version: int, change: str) -> str:
+    """other.db (0600, rollback journal): another program's new file (version 0), or
+    an older release's database at ``version``, with ``change`` made to it."""
+    path = str(tmp_path / "other.db")
+    if version:
+        build_old_database(path, version).close()
+        conn = raw(path)
+        conn.execute("PRAGMA journal_mode=DELETE")
+    else:
+        conn = apsw.Connection(path)
+    conn.execute(change)
+    conn.close()
+    os.chmod(path, 0o600)
+    return path
+
+
 @pytest.mark.parametrize(("version", "change", "said"), [
     (0, "CREATE TABLE runs (x); INSERT INTO runs VALUES (1)",
      "holds a table named runs, which agentrt creates"),
@@ -233,16 +249,7 @@ def test_a_file_the_migrations_could_not_complete_is_refused_before_anything_is_
     """Another program's database with one of the runtime's names, or an older
     one whose tables another program changed: refused in one sentence, the file
     as it was (not even switched to WAL, which a failed migration left it)."""
-    path = str(tmp_path / "other.db")
-    if version:
-        build_old_database(path, version).close()
-        conn = raw(path)
-        conn.execute("PRAGMA journal_mode=DELETE")
-    else:
-        conn = apsw.Connection(path)
-    conn.execute(change)
-    conn.close()
-    os.chmod(path, 0o600)
+    path = _changed_database(tmp_path, version, change)
     before = file_state(path)
     with pytest.raises(StoreOpenError) as info:
         open_store(path)
@@ -274,16 +281,7 @@ def test_a_file_whose_migrations_would_fail_is_refused_with_sqlites_words_before
         tmp_path, version, change, said):
     """What the names alone do not tell: the migrations are rehearsed on an empty
     in-memory copy of the file's schema, side steps included."""
-    path = str(tmp_path / "other.db")
-    if version:
-        build_old_database(path, version).close()
-        conn = raw(path)
-        conn.execute("PRAGMA journal_mode=DELETE")
-    else:
-        conn = apsw.Connection(path)
-    conn.execute(change)
-    conn.close()
-    os.chmod(path, 0o600)
+    path = _changed_database(tmp_path, version, change)
     before = file_state(path)
     with pytest.raises(StoreOpenError) as info:
         open_store(path)
